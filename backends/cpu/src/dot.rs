@@ -1,0 +1,187 @@
+//! Dot products with f32 accumulation: one row, or four rows against one shared vector.
+//!
+//! Summation order is fixed by the code (lanes, then a fixed tree), so a result depends only on
+//! the inputs and the ISA in use, never on threads or timing.
+
+use crate::element::{Element, Kind, bits16, kind};
+use crate::isa::{Isa, isa};
+
+/// `sum_i a[i] * b[i]` in f32. Panics when the lengths differ.
+pub fn dot<W: Element>(a: &[W], b: &[W]) -> f32 {
+    dotn::<W, W, 1>(a, [b])[0]
+}
+
+/// The dot products of `x` with four rows at once (x is read once for all four).
+pub fn dot4<W: Element>(x: &[W], rows: [&[W]; 4]) -> [f32; 4] {
+    dotn::<W, W, 4>(x, rows)
+}
+
+/// `sum_i a[i] * w[i]` for f32 activations against stored weights.
+pub fn dot_f32_w<W: Element>(a: &[f32], w: &[W]) -> f32 {
+    dotn::<f32, W, 1>(a, [w])[0]
+}
+
+/// Four rows of weights against one f32 activation vector.
+pub fn dot4_f32_w<W: Element>(a: &[f32], rows: [&[W]; 4]) -> [f32; 4] {
+    dotn::<f32, W, 4>(a, rows)
+}
+
+/// `NR` dot products of `a` with `rows`, on the ISA in use.
+pub(crate) fn dotn<A: Element, B: Element, const NR: usize>(a: &[A], rows: [&[B]; NR]) -> [f32; NR] {
+    for r in &rows {
+        assert_eq!(r.len(), a.len(), "dot product of slices of different lengths");
+    }
+    match isa() {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Bf16 => avx512::dotn(a, rows),
+        _ => portable::dotn(a, rows),
+    }
+}
+
+pub(crate) mod portable {
+    use super::*;
+
+    const LANES: usize = 16;
+
+    /// Plain Rust the compiler vectorises: 16 lanes per row, then a fixed pairwise tree.
+    pub fn dotn<A: Element, B: Element, const NR: usize>(a: &[A], rows: [&[B]; NR]) -> [f32; NR] {
+        let mut acc = [[0f32; LANES]; NR];
+        let n = a.len();
+        let mut start = 0;
+        while start < n {
+            let len = LANES.min(n - start);
+            let mut xa = [0f32; LANES];
+            for i in 0..len {
+                xa[i] = a[start + i].to_f32();
+            }
+            for r in 0..NR {
+                let row = &rows[r][start..start + len];
+                for i in 0..len {
+                    acc[r][i] += xa[i] * row[i].to_f32();
+                }
+            }
+            start += len;
+        }
+        acc.map(tree_sum)
+    }
+
+    /// Pairwise sum of 16 lanes in a fixed order.
+    fn tree_sum(mut v: [f32; LANES]) -> f32 {
+        let mut width = LANES / 2;
+        while width > 0 {
+            for i in 0..width {
+                v[i] += v[i + width];
+            }
+            width /= 2;
+        }
+        v[0]
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    pub(crate) const F32: u8 = 0;
+    pub(crate) const F16: u8 = 1;
+    pub(crate) const BF16: u8 = 2;
+
+    /// Dispatches on the element kinds to a kernel compiled for AVX-512.
+    pub fn dotn<A: Element, B: Element, const NR: usize>(a: &[A], rows: [&[B]; NR]) -> [f32; NR] {
+        let n = a.len();
+        let ptr = |s: &[B]| s.as_ptr().cast::<u8>();
+        let rp = rows.map(ptr);
+        let ap = a.as_ptr().cast::<u8>();
+        // SAFETY: `isa()` checked the CPU features; every row has `n` elements (checked above).
+        unsafe {
+            match (kind::<A>(), kind::<B>()) {
+                (Kind::Bf16, Kind::Bf16) => bf16_dotn::<NR>(
+                    bits16(a).as_ptr(),
+                    rows.map(|r| bits16(r).as_ptr()),
+                    n,
+                ),
+                (Kind::F16, Kind::F16) => fma_dotn::<F16, F16, NR>(ap, rp, n),
+                (Kind::F32, Kind::F32) => fma_dotn::<F32, F32, NR>(ap, rp, n),
+                (Kind::F32, Kind::F16) => fma_dotn::<F32, F16, NR>(ap, rp, n),
+                (Kind::F32, Kind::Bf16) => fma_dotn::<F32, BF16, NR>(ap, rp, n),
+                _ => portable::dotn(a, rows),
+            }
+        }
+    }
+
+    /// A mask of the first `n` (<= 16) lanes.
+    #[inline]
+    pub(crate) fn mask16(n: usize) -> __mmask16 {
+        if n >= 16 { 0xFFFF } else { ((1u32 << n) - 1) as u16 }
+    }
+
+    /// Loads `n` (<= 16) elements of kind `K` as 16 f32 lanes, zero beyond `n`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(crate) unsafe fn load16<const K: u8>(p: *const u8, n: usize) -> __m512 {
+        let m = mask16(n);
+        // SAFETY: the caller guarantees `n` readable elements at `p`; masked lanes are not read.
+        unsafe {
+            match K {
+                F32 => _mm512_maskz_loadu_ps(m, p.cast::<f32>()),
+                F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.cast::<i16>())),
+                _ => {
+                    let w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p.cast::<i16>()));
+                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w))
+                }
+            }
+        }
+    }
+
+    pub(crate) const fn size_of_kind(k: u8) -> usize {
+        if k == F32 { 4 } else { 2 }
+    }
+
+    /// Convert-and-FMA kernel, 16 lanes per step.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn fma_dotn<const KA: u8, const KB: u8, const NR: usize>(
+        a: *const u8,
+        rows: [*const u8; NR],
+        n: usize,
+    ) -> [f32; NR] {
+        let (sa, sb) = (size_of_kind(KA), size_of_kind(KB));
+        let mut acc = [_mm512_setzero_ps(); NR];
+        let mut i = 0;
+        while i < n {
+            let len = 16.min(n - i);
+            // SAFETY: `len` elements remain in `a` and every row from element `i`.
+            unsafe {
+                let x = load16::<KA>(a.add(i * sa), len);
+                for r in 0..NR {
+                    let w = load16::<KB>(rows[r].add(i * sb), len);
+                    acc[r] = _mm512_fmadd_ps(x, w, acc[r]);
+                }
+            }
+            i += len;
+        }
+        acc.map(|v| _mm512_reduce_add_ps(v))
+    }
+
+    /// BF16 kernel: `vdpbf16ps` multiplies 32 bf16 pairs into 16 f32 lanes per instruction.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn bf16_dotn<const NR: usize>(a: *const u16, rows: [*const u16; NR], n: usize) -> [f32; NR] {
+        let mut acc = [_mm512_setzero_ps(); NR];
+        let mut i = 0;
+        while i < n {
+            let len = 32.min(n - i);
+            let m: __mmask32 = if len >= 32 { u32::MAX } else { (1u32 << len) - 1 };
+            // SAFETY: `len` elements remain from `i`; masked lanes are not read.
+            unsafe {
+                let x: __m512bh = std::mem::transmute(_mm512_maskz_loadu_epi16(m, a.add(i).cast::<i16>()));
+                for r in 0..NR {
+                    let w: __m512bh =
+                        std::mem::transmute(_mm512_maskz_loadu_epi16(m, rows[r].add(i).cast::<i16>()));
+                    acc[r] = _mm512_dpbf16_ps(acc[r], x, w);
+                }
+            }
+            i += len;
+        }
+        acc.map(|v| _mm512_reduce_add_ps(v))
+    }
+}

@@ -1,0 +1,19 @@
+//! CPU primitives that generated kernels compose: dot products, GEMM tiles, activations.
+//!
+//! The schedule (blocks, splits, loops) lives in the generated code; this crate only knows how to
+//! multiply contiguous runs of numbers fast. Every primitive has an AVX-512 path (BF16 dot
+//! products, 16-bit conversion) chosen at run time and a portable path; `MOEK_CPU_ISA` forces one
+//! (see [`isa`]).
+
+pub mod activation;
+pub mod bandwidth;
+pub mod dot;
+pub mod element;
+pub mod gemm;
+pub mod isa;
+
+pub use activation::{gelu_tanh, softcap};
+pub use dot::{dot, dot_f32_w, dot4};
+pub use element::Element;
+pub use gemm::gemm_nt;
+pub use isa::{Isa, isa};

@@ -1,0 +1,90 @@
+//! Every primitive on every element type against an f64 sum, on the ISA in use (CI runs this file
+//! with `MOEK_CPU_ISA=portable` too). Lengths cover SIMD tails.
+
+use half::{bf16, f16};
+use moek_cpu::{Element, dot, dot_f32_w, dot4, gemm_nt};
+use proptest::prelude::*;
+
+/// f32 accumulation of n products of values in [-1, 1]: error grows like sqrt(n) * 2^-24 per term
+/// magnitude; 1e-5 relative to the sum of |products| is far above that and far below a wrong term.
+const REL: f64 = 1e-5;
+
+fn vals<W: Element>(v: &[f32]) -> Vec<W> {
+    v.iter().map(|&x| W::from_f32(x)).collect()
+}
+
+fn exact<A: Element, B: Element>(a: &[A], b: &[B]) -> (f64, f64) {
+    a.iter().zip(b).fold((0.0, 0.0), |(s, m), (x, y)| {
+        let p = x.to_f64() * y.to_f64();
+        (s + p, m + p.abs())
+    })
+}
+
+fn check<W: Element>(a: &[f32], b: &[f32]) {
+    let (a, b) = (vals::<W>(a), vals::<W>(b));
+    let (want, scale) = exact(&a, &b);
+    let got = f64::from(dot(&a, &b));
+    assert!((got - want).abs() <= REL * scale.max(1e-30), "{}: dot {got} vs {want}", W::NAME);
+    let rows = [&b[..], &a[..], &b[..], &a[..]];
+    let four = dot4(&a, rows);
+    for (r, g) in rows.iter().zip(four) {
+        let (w, s) = exact(&a, r);
+        assert!((f64::from(g) - w).abs() <= REL * s.max(1e-30), "{}: dot4 {g} vs {w}", W::NAME);
+    }
+    let af: Vec<f32> = a.iter().map(|x| x.to_f32()).collect();
+    let (w, s) = exact(&af, &b);
+    let g = f64::from(dot_f32_w(&af, &b));
+    assert!((g - w).abs() <= REL * s.max(1e-30), "{}: dot_f32_w {g} vs {w}", W::NAME);
+}
+
+fn check_gemm<W: Element>(m: usize, n: usize, k: usize, seed: u64) {
+    let fill = |len: usize, salt: u64| -> Vec<W> {
+        (0..len)
+            .map(|i| {
+                let h = (i as u64 ^ salt).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(17);
+                W::from_f32((h % 2001) as f32 / 1000.0 - 1.0)
+            })
+            .collect()
+    };
+    let (lda, ldb, ldc) = (k + 3, k + 1, n + 2);
+    let a = fill(m * lda, seed);
+    let b = fill(n * ldb, seed ^ 0xABCD);
+    let mut c = vec![0.5f32; m * ldc];
+    gemm_nt(&a, lda, &b, ldb, &mut c, ldc, m, n, k);
+    for i in 0..m {
+        for j in 0..n {
+            let (w, s) = exact(&a[i * lda..i * lda + k], &b[j * ldb..j * ldb + k]);
+            let g = f64::from(c[i * ldc + j]) - 0.5;
+            assert!((g - w).abs() <= REL * s.max(1.0), "{} gemm ({i},{j}): {g} vs {w}", W::NAME);
+        }
+        for j in n..ldc {
+            assert_eq!(c[i * ldc + j], 0.5, "gemm wrote outside its columns");
+        }
+    }
+}
+
+proptest! {
+    #[test]
+    fn dots_match_f64(v in prop::collection::vec((-1f32..1.0, -1f32..1.0), 0..200)) {
+        let (a, b): (Vec<f32>, Vec<f32>) = v.into_iter().unzip();
+        check::<f32>(&a, &b);
+        check::<f16>(&a, &b);
+        check::<bf16>(&a, &b);
+    }
+
+    #[test]
+    fn gemm_matches_f64(m in 1usize..11, n in 1usize..11, k in 1usize..150, seed: u64) {
+        check_gemm::<bf16>(m, n, k, seed);
+        check_gemm::<f16>(m, n, k, seed);
+        check_gemm::<f32>(m, n, k, seed);
+    }
+}
+
+#[test]
+fn results_do_not_depend_on_the_row_grouping() {
+    let a: Vec<bf16> = vals(&(0..2816).map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0).collect::<Vec<_>>());
+    let b: Vec<bf16> = vals(&(0..2816).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect::<Vec<_>>());
+    let single = dot(&a, &b);
+    let four = dot4(&a, [&b, &b, &b, &b]);
+    assert!(four.iter().all(|&x| x.to_bits() == single.to_bits()));
+}

@@ -1,0 +1,388 @@
+//! The validated kernel IR: the one home of a spec's meaning and the only input of the emitters.
+//!
+//! Everything here has passed validation (`crate::check`); the emitters may rely on the invariants
+//! stated on each type. The macro embeds a spec's IR as JSON so run-time tools (`moek list`,
+//! `moek emit`) see exactly what the macro saw.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// One kernel spec after validation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Kernel {
+    pub name: String,
+    /// The spec's doc comment, joined.
+    pub doc: String,
+    pub op: Op,
+    /// Every dim of the op, in the op's canonical order.
+    pub dims: Vec<Dim>,
+    pub dtypes: Vec<DType>,
+    pub targets: Vec<Target>,
+    /// Backends on which this spec wins over more specific eligible ones.
+    pub preferred: Vec<Target>,
+    pub schedule: Schedule,
+    pub requires: Vec<Capability>,
+}
+
+/// The fixed op vocabulary. A new op is a change to this crate (see docs/dsl.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    /// `a[t,r,:] = gelu_tanh(x[t] . Wg[e]) * (x[t] . Wu[e])`, `e = idx[t,r]`.
+    GateUp,
+    /// `out[t,:] = sum_r w[t,r] * (a[t,r] . Wd[e])`: the down projection and its K-axis combine.
+    Down,
+    /// `out[t,:] = sum_r w[t,r] * down(gate_up(x[t], e), e)`: the whole routed expert FFN.
+    ExpertFfn,
+    /// The shared dense MLP: `down(gelu_tanh(x . Wg) * (x . Wu))`.
+    DenseMlp,
+    /// `logits = softcap(h[T-1] . Emb^T)` for the final row only, and its argmax.
+    LmHeadRow,
+}
+
+/// A named dim: the op's role name (`T`, `R`, `E`, `H`, `F`, `V`) and its size if fixed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dim {
+    pub name: DimName,
+    /// `None` for a free dim: the variant serves any size.
+    pub size: Option<usize>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum DimName {
+    /// Tokens.
+    T,
+    /// Routes per token (top-k).
+    R,
+    /// Experts in the bank.
+    E,
+    /// Hidden size.
+    H,
+    /// Expert (or dense MLP) intermediate width.
+    F,
+    /// Vocabulary.
+    V,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DType {
+    F16,
+    Bf16,
+    F32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    Cpu,
+    Wgpu,
+    Spyre,
+}
+
+/// Backend capabilities a spec can require; dispatch checks them against the backend's set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Capability {
+    /// Expert banks laid out so a route can read its expert (or a block of it) in place.
+    IndexedSelectionLayout,
+    /// Partial sums of a reduction split across cores are completed in local memory.
+    LxCompletedSum,
+    /// A read of selected weights is not preceded by a copy of them.
+    ReadCopyElision,
+    /// 16-bit float arithmetic in shaders.
+    ShaderF16,
+}
+
+/// How a spec's work is cut. Invariants (checked): blocks cover their dim exactly, splits divide
+/// fixed dims, the product of each phase's core splits is at most [`MAX_CORES`], at most one
+/// reduction dim is split across cores per phase.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Schedule {
+    pub select: Selection,
+    /// Reduction blocks: partial products over each block, added in declared order.
+    pub reduce: Vec<Blocks>,
+    /// Output column blocks: each uses the full reduction; results are concatenated.
+    pub columns: Vec<Blocks>,
+    /// Core splits per phase, in declared order.
+    pub cores: Vec<CoreSplit>,
+    /// Token groups that own x and the accumulator around a persistent loop.
+    pub groups: Option<Split>,
+    /// A persistent loop over this dim (always `E`): one trip per expert bank.
+    pub persistent: Option<DimName>,
+    /// Streaming tiles fixed by the spec (otherwise a backend picks them).
+    pub stream: Vec<Tile>,
+}
+
+/// Which experts a token's work touches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Selection {
+    /// No expert dim (dense MLP, LM head).
+    #[default]
+    None,
+    /// Indexed selection: each route gathers its expert's bank (or blocks of it) in place.
+    Gather,
+    /// Dense over experts: every expert, weighted by a dense route matrix (0 when unselected).
+    Dense,
+    /// Tokens grouped by expert (data-dependent group sizes), one GEMM per expert.
+    Grouped,
+}
+
+/// A dim cut into ordered blocks whose sizes sum to the dim.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Blocks {
+    pub dim: DimName,
+    pub sizes: Vec<usize>,
+}
+
+impl Blocks {
+    /// `(start, end)` of each block in order.
+    pub fn ranges(&self) -> Vec<(usize, usize)> {
+        let mut start = 0;
+        self.sizes
+            .iter()
+            .map(|&s| {
+                let r = (start, start + s);
+                start += s;
+                r
+            })
+            .collect()
+    }
+}
+
+/// A dim divided into `parts` equal parts (work units).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Split {
+    pub dim: DimName,
+    pub parts: usize,
+}
+
+/// Phases of an op whose core splits may differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// The whole op (single-phase ops, or every phase of a multi-phase op).
+    All,
+    GateUp,
+    Down,
+}
+
+/// A streaming tile: `size` elements of `dim` at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tile {
+    pub dim: DimName,
+    pub size: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoreSplit {
+    pub phase: Phase,
+    pub splits: Vec<Split>,
+}
+
+/// Spyre has 32 cores; no spec may ask for more on any backend (it keeps specs portable).
+pub const MAX_CORES: usize = 32;
+
+impl Kernel {
+    pub fn dim(&self, name: DimName) -> Option<&Dim> {
+        self.dims.iter().find(|d| d.name == name)
+    }
+
+    /// The fixed size of `name`, if the dim exists and is fixed.
+    pub fn size(&self, name: DimName) -> Option<usize> {
+        self.dim(name).and_then(|d| d.size)
+    }
+
+    pub fn is_fully_fixed(&self) -> bool {
+        self.dims.iter().all(|d| d.size.is_some())
+    }
+
+    /// Core splits that apply to `phase` (phase-specific ones, else the `All` ones).
+    pub fn cores_for(&self, phase: Phase) -> &[Split] {
+        let find = |p| self.schedule.cores.iter().find(|c| c.phase == p);
+        find(phase)
+            .or_else(|| find(Phase::All))
+            .map_or(&[][..], |c| &c.splits[..])
+    }
+
+    /// Reduction blocks declared on `dim`, if any.
+    pub fn reduce_blocks(&self, dim: DimName) -> Option<&Blocks> {
+        self.schedule.reduce.iter().find(|b| b.dim == dim)
+    }
+
+    /// Output column blocks declared on `dim`, if any.
+    pub fn column_blocks(&self, dim: DimName) -> Option<&Blocks> {
+        self.schedule.columns.iter().find(|b| b.dim == dim)
+    }
+
+    /// One line for `moek list`: name, op, dims, dtypes, targets, schedule summary.
+    pub fn summary(&self) -> String {
+        let dims: Vec<String> = self.dims.iter().map(Dim::to_string).collect();
+        let list = |v: Vec<String>| v.join(",");
+        format!(
+            "{:<36} {:<11} {:<34} {:<13} {:<15} {}",
+            self.name,
+            self.op.to_string(),
+            dims.join(" "),
+            list(self.dtypes.iter().map(ToString::to_string).collect()),
+            list(self.targets.iter().map(ToString::to_string).collect()),
+            self.schedule_summary()
+        )
+    }
+
+    /// The schedule as a spec author would read it back.
+    pub fn schedule_summary(&self) -> String {
+        let s = &self.schedule;
+        let mut parts = vec![format!("select {}", s.select)];
+        for b in &s.reduce {
+            parts.push(format!("reduce {}", b));
+        }
+        for b in &s.columns {
+            parts.push(format!("columns {}", b));
+        }
+        for c in &s.cores {
+            let names: Vec<String> = c.splits.iter().map(|x| x.dim.to_string()).collect();
+            let parts_: Vec<String> = c.splits.iter().map(|x| x.parts.to_string()).collect();
+            let phase = match c.phase {
+                Phase::All => String::new(),
+                p => format!("({p})"),
+            };
+            parts.push(format!(
+                "cores{phase} {}={}",
+                names.join("x"),
+                parts_.join("x")
+            ));
+        }
+        if let Some(g) = s.groups {
+            parts.push(format!("groups {}/{}", g.dim, g.parts));
+        }
+        if let Some(d) = s.persistent {
+            parts.push(format!("loop {d} persistent"));
+        }
+        for t in &s.stream {
+            parts.push(format!("stream {}={}", t.dim, t.size));
+        }
+        if !self.requires.is_empty() {
+            let r: Vec<String> = self.requires.iter().map(ToString::to_string).collect();
+            parts.push(format!("requires {}", r.join(",")));
+        }
+        parts.join("; ")
+    }
+}
+
+macro_rules! names {
+    ($ty:ident { $($variant:ident => $name:literal),* $(,)? }) => {
+        impl $ty {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$ty] = &[$($ty::$variant),*];
+
+            /// The name used in specs.
+            pub fn name(self) -> &'static str {
+                match self { $($ty::$variant => $name),* }
+            }
+
+            /// Parses the name used in specs.
+            pub fn from_name(s: &str) -> Option<Self> {
+                match s { $($name => Some($ty::$variant),)* _ => None }
+            }
+
+            /// Every valid name, for error messages.
+            pub fn valid_names() -> String {
+                Self::ALL.iter().map(|v| v.name()).collect::<Vec<_>>().join(", ")
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    };
+}
+
+names!(Op { GateUp => "gate_up", Down => "down", ExpertFfn => "expert_ffn", DenseMlp => "dense_mlp", LmHeadRow => "lm_head_row" });
+names!(DimName { T => "T", R => "R", E => "E", H => "H", F => "F", V => "V" });
+names!(DType { F16 => "f16", Bf16 => "bf16", F32 => "f32" });
+names!(Target { Cpu => "cpu", Wgpu => "wgpu", Spyre => "spyre" });
+names!(Capability {
+    IndexedSelectionLayout => "indexed_selection_layout",
+    LxCompletedSum => "lx_completed_sum",
+    ReadCopyElision => "read_copy_elision",
+    ShaderF16 => "shader_f16",
+});
+names!(Selection { None => "none", Gather => "gather", Dense => "dense", Grouped => "grouped" });
+names!(Phase { All => "all", GateUp => "gate_up", Down => "down" });
+
+impl Op {
+    /// The op's dims in canonical order; a spec must declare exactly these.
+    pub fn dims(self) -> &'static [DimName] {
+        use DimName::*;
+        match self {
+            Op::GateUp | Op::Down | Op::ExpertFfn => &[T, R, E, H, F],
+            Op::DenseMlp => &[T, H, F],
+            Op::LmHeadRow => &[T, H, V],
+        }
+    }
+
+    /// Dims summed over, per phase.
+    pub fn reduction_dims(self, phase: Phase) -> &'static [DimName] {
+        use DimName::*;
+        match (self, phase) {
+            (Op::GateUp, _) | (Op::ExpertFfn | Op::DenseMlp, Phase::GateUp) => &[H],
+            (Op::Down, _) | (Op::ExpertFfn | Op::DenseMlp, Phase::Down) => &[F, R],
+            (Op::ExpertFfn | Op::DenseMlp, Phase::All) => &[H, F, R],
+            (Op::LmHeadRow, _) => &[H],
+        }
+    }
+
+    /// The dim whose outputs column blocks may cut.
+    pub fn column_dim(self) -> DimName {
+        match self {
+            Op::GateUp => DimName::F,
+            Op::Down | Op::ExpertFfn | Op::DenseMlp => DimName::H,
+            Op::LmHeadRow => DimName::V,
+        }
+    }
+
+    /// Whether the op has separate gate/up and down phases (`cores(gate_up)`, `cores(down)`).
+    pub fn has_phases(self) -> bool {
+        matches!(self, Op::ExpertFfn | Op::DenseMlp)
+    }
+
+    /// Whether the op reads an expert bank (and so needs a `select`).
+    pub fn uses_experts(self) -> bool {
+        matches!(self, Op::GateUp | Op::Down | Op::ExpertFfn)
+    }
+}
+
+impl DType {
+    /// Bytes per element in device memory.
+    pub fn bytes(self) -> usize {
+        match self {
+            DType::F16 | DType::Bf16 => 2,
+            DType::F32 => 4,
+        }
+    }
+}
+
+impl fmt::Display for Dim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.size {
+            Some(n) => write!(f, "{}={}", self.name, n),
+            None => write!(f, "{}=*", self.name),
+        }
+    }
+}
+
+impl fmt::Display for Blocks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let all_same = self.sizes.windows(2).all(|w| w[0] == w[1]);
+        if all_same && self.sizes.len() > 1 {
+            write!(f, "{}={}x{}", self.dim, self.sizes[0], self.sizes.len())
+        } else {
+            let s: Vec<String> = self.sizes.iter().map(ToString::to_string).collect();
+            write!(f, "{}=[{}]", self.dim, s.join(","))
+        }
+    }
+}
