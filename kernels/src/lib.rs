@@ -1,1 +1,76 @@
+//! Gemma-4 MoE kernels, declared as specs with [`kernel!`], and the dispatch that picks among their
+//! generated variants.
+//!
+//! - [`specs`]: the built-in specs (the seeds' decode and prefill variants, general fallbacks).
+//! - [`dispatch`]: which variant is eligible on a backend, which is chosen and why.
+//! - [`inputs`]: the tensors each op takes, checked before anything runs.
+//! - [`testing`]: the equivalence harness every spec's generated tests call.
+//!
+//! Backends are cargo features (`cpu`); generated code reaches them through [`__private`].
 
+extern crate self as moek_kernels;
+
+pub mod dispatch;
+pub mod elem;
+pub mod inputs;
+pub mod registry;
+pub mod specs;
+pub mod testing;
+
+pub use dispatch::{Backend, Choice, DispatchError, Ineligible};
+pub use elem::Elem;
+pub use inputs::{InputError, Inputs};
+pub use moek_dsl::ir;
+pub use moek_dsl::reference::Shape;
+pub use moek_dsl_macros::kernel;
+pub use registry::{CpuFn, CpuFns, KernelEntry};
+
+/// What generated code names; not a public API.
+#[doc(hidden)]
+pub mod __private {
+    #[cfg(feature = "cpu")]
+    pub use moek_cpu as cpu;
+    pub use rayon;
+
+    pub use crate::inputs::Inputs;
+    pub use crate::registry::{CpuFns, KernelEntry};
+    pub use crate::testing;
+    pub use half;
+    pub use moek_dsl::ir;
+    pub use moek_dsl::reference::Shape;
+
+    /// Keeps its items when the `cpu` backend is compiled in, drops them otherwise.
+    #[cfg(feature = "cpu")]
+    #[macro_export]
+    #[doc(hidden)]
+    macro_rules! __if_cpu {
+        ($($item:tt)*) => { $($item)* };
+    }
+    #[cfg(not(feature = "cpu"))]
+    #[macro_export]
+    #[doc(hidden)]
+    macro_rules! __if_cpu {
+        ($($item:tt)*) => {};
+    }
+
+    /// The CPU function table when the `cpu` backend is compiled in, `CpuFns::NONE` otherwise.
+    #[cfg(feature = "cpu")]
+    #[macro_export]
+    #[doc(hidden)]
+    macro_rules! __cpu_fns {
+        ($fns:expr) => {
+            $fns
+        };
+    }
+    #[cfg(not(feature = "cpu"))]
+    #[macro_export]
+    #[doc(hidden)]
+    macro_rules! __cpu_fns {
+        ($fns:expr) => {
+            $crate::__private::CpuFns::NONE
+        };
+    }
+
+    pub use crate::__cpu_fns as cpu_fns;
+    pub use crate::__if_cpu as if_cpu;
+}

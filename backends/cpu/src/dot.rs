@@ -27,9 +27,16 @@ pub fn dot4_f32_w<W: Element>(a: &[f32], rows: [&[W]; 4]) -> [f32; 4] {
 }
 
 /// `NR` dot products of `a` with `rows`, on the ISA in use.
-pub(crate) fn dotn<A: Element, B: Element, const NR: usize>(a: &[A], rows: [&[B]; NR]) -> [f32; NR] {
+pub(crate) fn dotn<A: Element, B: Element, const NR: usize>(
+    a: &[A],
+    rows: [&[B]; NR],
+) -> [f32; NR] {
     for r in &rows {
-        assert_eq!(r.len(), a.len(), "dot product of slices of different lengths");
+        assert_eq!(
+            r.len(),
+            a.len(),
+            "dot product of slices of different lengths"
+        );
     }
     match isa() {
         #[cfg(target_arch = "x86_64")]
@@ -96,11 +103,9 @@ pub(crate) mod avx512 {
         // SAFETY: `isa()` checked the CPU features; every row has `n` elements (checked above).
         unsafe {
             match (kind::<A>(), kind::<B>()) {
-                (Kind::Bf16, Kind::Bf16) => bf16_dotn::<NR>(
-                    bits16(a).as_ptr(),
-                    rows.map(|r| bits16(r).as_ptr()),
-                    n,
-                ),
+                (Kind::Bf16, Kind::Bf16) => {
+                    bf16_dotn::<NR>(bits16(a).as_ptr(), rows.map(|r| bits16(r).as_ptr()), n)
+                }
                 (Kind::F16, Kind::F16) => fma_dotn::<F16, F16, NR>(ap, rp, n),
                 (Kind::F32, Kind::F32) => fma_dotn::<F32, F32, NR>(ap, rp, n),
                 (Kind::F32, Kind::F16) => fma_dotn::<F32, F16, NR>(ap, rp, n),
@@ -113,7 +118,11 @@ pub(crate) mod avx512 {
     /// A mask of the first `n` (<= 16) lanes.
     #[inline]
     pub(crate) fn mask16(n: usize) -> __mmask16 {
-        if n >= 16 { 0xFFFF } else { ((1u32 << n) - 1) as u16 }
+        if n >= 16 {
+            0xFFFF
+        } else {
+            ((1u32 << n) - 1) as u16
+        }
     }
 
     /// Loads `n` (<= 16) elements of kind `K` as 16 f32 lanes, zero beyond `n`.
@@ -165,18 +174,29 @@ pub(crate) mod avx512 {
 
     /// BF16 kernel: `vdpbf16ps` multiplies 32 bf16 pairs into 16 f32 lanes per instruction.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-    unsafe fn bf16_dotn<const NR: usize>(a: *const u16, rows: [*const u16; NR], n: usize) -> [f32; NR] {
+    unsafe fn bf16_dotn<const NR: usize>(
+        a: *const u16,
+        rows: [*const u16; NR],
+        n: usize,
+    ) -> [f32; NR] {
         let mut acc = [_mm512_setzero_ps(); NR];
         let mut i = 0;
         while i < n {
             let len = 32.min(n - i);
-            let m: __mmask32 = if len >= 32 { u32::MAX } else { (1u32 << len) - 1 };
+            let m: __mmask32 = if len >= 32 {
+                u32::MAX
+            } else {
+                (1u32 << len) - 1
+            };
             // SAFETY: `len` elements remain from `i`; masked lanes are not read.
             unsafe {
-                let x: __m512bh = std::mem::transmute(_mm512_maskz_loadu_epi16(m, a.add(i).cast::<i16>()));
+                let x: __m512bh =
+                    std::mem::transmute(_mm512_maskz_loadu_epi16(m, a.add(i).cast::<i16>()));
                 for r in 0..NR {
-                    let w: __m512bh =
-                        std::mem::transmute(_mm512_maskz_loadu_epi16(m, rows[r].add(i).cast::<i16>()));
+                    let w: __m512bh = std::mem::transmute(_mm512_maskz_loadu_epi16(
+                        m,
+                        rows[r].add(i).cast::<i16>(),
+                    ));
                     acc[r] = _mm512_dpbf16_ps(acc[r], x, w);
                 }
             }

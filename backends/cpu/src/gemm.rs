@@ -29,7 +29,10 @@ pub fn gemm_nt<W: Element>(
     if m == 0 || n == 0 {
         return;
     }
-    assert!(k <= lda && k <= ldb && n <= ldc, "gemm_nt: leading dims shorter than k or n");
+    assert!(
+        k <= lda && k <= ldb && n <= ldc,
+        "gemm_nt: leading dims shorter than k or n"
+    );
     assert!(a.len() >= (m - 1) * lda + k, "gemm_nt: a is too short");
     assert!(b.len() >= (n - 1) * ldb + k, "gemm_nt: b is too short");
     assert!(c.len() >= (m - 1) * ldc + n, "gemm_nt: c is too short");
@@ -70,7 +73,11 @@ fn tile4x4<W: Element>(
                 match kind::<W>() {
                     Kind::Bf16 => {
                         let (a, b) = (bits16(a), bits16(b));
-                        avx512::bf16_tile(aoff.map(|o| a[o..].as_ptr()), boff.map(|o| b[o..].as_ptr()), k)
+                        avx512::bf16_tile(
+                            aoff.map(|o| a[o..].as_ptr()),
+                            boff.map(|o| b[o..].as_ptr()),
+                            k,
+                        )
                     }
                     Kind::F16 => avx512::fma_tile::<{ crate::dot::avx512::F16 }>(
                         aoff.map(|o| a[o..].as_ptr().cast()),
@@ -96,18 +103,28 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-    pub unsafe fn bf16_tile(a: [*const u16; TILE], b: [*const u16; TILE], k: usize) -> [[f32; TILE]; TILE] {
+    pub unsafe fn bf16_tile(
+        a: [*const u16; TILE],
+        b: [*const u16; TILE],
+        k: usize,
+    ) -> [[f32; TILE]; TILE] {
         let mut acc = [[_mm512_setzero_ps(); TILE]; TILE];
         let mut p = 0;
         while p < k {
             let len = 32.min(k - p);
-            let m: __mmask32 = if len >= 32 { u32::MAX } else { (1u32 << len) - 1 };
+            let m: __mmask32 = if len >= 32 {
+                u32::MAX
+            } else {
+                (1u32 << len) - 1
+            };
             // SAFETY: `len` elements remain in every row from `p`.
             unsafe {
-                let bv: [__m512bh; TILE] =
-                    b.map(|r| std::mem::transmute(_mm512_maskz_loadu_epi16(m, r.add(p).cast::<i16>())));
+                let bv: [__m512bh; TILE] = b.map(|r| {
+                    std::mem::transmute(_mm512_maskz_loadu_epi16(m, r.add(p).cast::<i16>()))
+                });
                 for i in 0..TILE {
-                    let av: __m512bh = std::mem::transmute(_mm512_maskz_loadu_epi16(m, a[i].add(p).cast::<i16>()));
+                    let av: __m512bh =
+                        std::mem::transmute(_mm512_maskz_loadu_epi16(m, a[i].add(p).cast::<i16>()));
                     for j in 0..TILE {
                         acc[i][j] = _mm512_dpbf16_ps(acc[i][j], av, bv[j]);
                     }
@@ -119,7 +136,11 @@ mod avx512 {
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub unsafe fn fma_tile<const K: u8>(a: [*const u8; TILE], b: [*const u8; TILE], k: usize) -> [[f32; TILE]; TILE] {
+    pub unsafe fn fma_tile<const K: u8>(
+        a: [*const u8; TILE],
+        b: [*const u8; TILE],
+        k: usize,
+    ) -> [[f32; TILE]; TILE] {
         let s = size_of_kind(K);
         let mut acc = [[_mm512_setzero_ps(); TILE]; TILE];
         let mut p = 0;

@@ -11,9 +11,13 @@ pub mod dot;
 pub mod element;
 pub mod gemm;
 pub mod isa;
+pub mod schedule;
 
 pub use activation::{gelu_tanh, softcap};
-pub use dot::{dot, dot_f32_w, dot4};
+pub use dot::{dot, dot_f32_w, dot4, dot4_f32_w};
 pub use element::Element;
 pub use gemm::gemm_nt;
 pub use isa::{Isa, isa};
+pub use schedule::{
+    Grid, SharedOut, clip, dense_routes, gather_rows, group_by_expert, matvec_segments, part,
+};

@@ -24,24 +24,38 @@ fn check<W: Element>(a: &[f32], b: &[f32]) {
     let (a, b) = (vals::<W>(a), vals::<W>(b));
     let (want, scale) = exact(&a, &b);
     let got = f64::from(dot(&a, &b));
-    assert!((got - want).abs() <= REL * scale.max(1e-30), "{}: dot {got} vs {want}", W::NAME);
+    assert!(
+        (got - want).abs() <= REL * scale.max(1e-30),
+        "{}: dot {got} vs {want}",
+        W::NAME
+    );
     let rows = [&b[..], &a[..], &b[..], &a[..]];
     let four = dot4(&a, rows);
     for (r, g) in rows.iter().zip(four) {
         let (w, s) = exact(&a, r);
-        assert!((f64::from(g) - w).abs() <= REL * s.max(1e-30), "{}: dot4 {g} vs {w}", W::NAME);
+        assert!(
+            (f64::from(g) - w).abs() <= REL * s.max(1e-30),
+            "{}: dot4 {g} vs {w}",
+            W::NAME
+        );
     }
     let af: Vec<f32> = a.iter().map(|x| x.to_f32()).collect();
     let (w, s) = exact(&af, &b);
     let g = f64::from(dot_f32_w(&af, &b));
-    assert!((g - w).abs() <= REL * s.max(1e-30), "{}: dot_f32_w {g} vs {w}", W::NAME);
+    assert!(
+        (g - w).abs() <= REL * s.max(1e-30),
+        "{}: dot_f32_w {g} vs {w}",
+        W::NAME
+    );
 }
 
 fn check_gemm<W: Element>(m: usize, n: usize, k: usize, seed: u64) {
     let fill = |len: usize, salt: u64| -> Vec<W> {
         (0..len)
             .map(|i| {
-                let h = (i as u64 ^ salt).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(17);
+                let h = (i as u64 ^ salt)
+                    .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                    .rotate_left(17);
                 W::from_f32((h % 2001) as f32 / 1000.0 - 1.0)
             })
             .collect()
@@ -55,7 +69,11 @@ fn check_gemm<W: Element>(m: usize, n: usize, k: usize, seed: u64) {
         for j in 0..n {
             let (w, s) = exact(&a[i * lda..i * lda + k], &b[j * ldb..j * ldb + k]);
             let g = f64::from(c[i * ldc + j]) - 0.5;
-            assert!((g - w).abs() <= REL * s.max(1.0), "{} gemm ({i},{j}): {g} vs {w}", W::NAME);
+            assert!(
+                (g - w).abs() <= REL * s.max(1.0),
+                "{} gemm ({i},{j}): {g} vs {w}",
+                W::NAME
+            );
         }
         for j in n..ldc {
             assert_eq!(c[i * ldc + j], 0.5, "gemm wrote outside its columns");
@@ -82,8 +100,16 @@ proptest! {
 
 #[test]
 fn results_do_not_depend_on_the_row_grouping() {
-    let a: Vec<bf16> = vals(&(0..2816).map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0).collect::<Vec<_>>());
-    let b: Vec<bf16> = vals(&(0..2816).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect::<Vec<_>>());
+    let a: Vec<bf16> = vals(
+        &(0..2816)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0)
+            .collect::<Vec<_>>(),
+    );
+    let b: Vec<bf16> = vals(
+        &(0..2816)
+            .map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0)
+            .collect::<Vec<_>>(),
+    );
     let single = dot(&a, &b);
     let four = dot4(&a, [&b, &b, &b, &b]);
     assert!(four.iter().all(|&x| x.to_bits() == single.to_bits()));

@@ -1,1 +1,38 @@
+//! The moek kernel DSL, as an ordinary crate: the proc macro (`moek-dsl-macros`) is a thin shell
+//! over [`expand`], and run-time tools (`moek list`, `moek emit`) use the same IR and emitters.
+//!
+//! Stages: [`parse`] (tokens -> [`ast`]), [`check`] (ast -> [`ir`], every error collected and
+//! spanned), [`emit`] (ir -> CPU Rust, and the module the macro expands to).
+//! [`reference`] holds the f64 semantics of every op; [`tolerance`] the one table of limits.
 
+pub mod ast;
+pub mod check;
+pub mod emit;
+pub mod errors;
+pub mod ir;
+pub mod parse;
+pub mod reference;
+pub mod spyre;
+pub mod tolerance;
+
+use proc_macro2::TokenStream;
+
+/// What `kernel! { ... }` expands to. Never fails: errors become `compile_error!` beside stubs of
+/// the user's items, so one mistake does not cascade into unresolved names.
+pub fn expand(input: TokenStream) -> TokenStream {
+    let specs = match parse::parse_specs(input) {
+        Ok(specs) => specs,
+        Err(err) => return err.to_compile_error(),
+    };
+    specs
+        .iter()
+        .map(|spec| match check::check(spec) {
+            Ok(kernel) => emit::module(spec, &kernel),
+            Err(err) => {
+                let mut out = err.to_compile_error();
+                out.extend(emit::stub(spec));
+                out
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,121 @@
+//! IR -> the items a spec expands to: a module named for the spec holding its IR, its variants,
+//! its dispatch entry and its generated equivalence tests.
+
+pub mod cpu;
+
+use crate::ast::Spec;
+use crate::ir::{Kernel, Target};
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote};
+
+/// The module a valid spec expands to.
+pub fn module(spec: &Spec, k: &Kernel) -> TokenStream {
+    let (attrs, vis, name) = (&spec.attrs, &spec.vis, &spec.name);
+    let json = serde_json::to_string(k).expect("the IR serialises");
+    let cpu_fn = if k.targets.contains(&Target::Cpu) {
+        cpu::function(k)
+    } else {
+        TokenStream::new()
+    };
+    let cpu_fns = cpu_fns(k);
+    let tests = tests(k);
+    quote! {
+        #(#attrs)*
+        #vis mod #name {
+            /// The validated IR of this spec, as JSON (what `moek list` and `moek emit` read).
+            pub const IR_JSON: &str = #json;
+
+            /// This spec's IR and variants, for dispatch.
+            pub fn entry() -> ::moek_kernels::__private::KernelEntry {
+                ::moek_kernels::__private::KernelEntry::new(IR_JSON, #cpu_fns)
+            }
+
+            ::moek_kernels::__private::if_cpu! { #cpu_fn }
+
+            #tests
+        }
+    }
+}
+
+/// What a spec that failed validation expands to (beside its errors): the module and its public
+/// items, so uses of them do not add unresolved-name errors to the real ones.
+pub fn stub(spec: &Spec) -> TokenStream {
+    let (attrs, vis, name) = (&spec.attrs, &spec.vis, &spec.name);
+    quote! {
+        #(#attrs)*
+        #vis mod #name {
+            pub const IR_JSON: &str = "";
+            pub fn entry() -> ::moek_kernels::__private::KernelEntry {
+                unreachable!("this spec did not compile")
+            }
+        }
+    }
+}
+
+/// The CPU function table: one instantiation per declared dtype, `None` for the others.
+fn cpu_fns(k: &Kernel) -> TokenStream {
+    if !k.targets.contains(&Target::Cpu) {
+        return quote!(::moek_kernels::__private::CpuFns::NONE);
+    }
+    let slot = |d: crate::ir::DType, ty: TokenStream| {
+        if k.dtypes.contains(&d) {
+            quote!(Some(cpu::<#ty>))
+        } else {
+            quote!(None)
+        }
+    };
+    let f16 = slot(
+        crate::ir::DType::F16,
+        quote!(::moek_kernels::__private::half::f16),
+    );
+    let bf16 = slot(
+        crate::ir::DType::Bf16,
+        quote!(::moek_kernels::__private::half::bf16),
+    );
+    let f32 = slot(crate::ir::DType::F32, quote!(f32));
+    quote! {
+        ::moek_kernels::__private::cpu_fns!(::moek_kernels::__private::CpuFns { f16: #f16, bf16: #bf16, f32: #f32 })
+    }
+}
+
+/// One test per (enabled backend the spec targets) x dtype, against the f64 reference.
+fn tests(k: &Kernel) -> TokenStream {
+    let cases = k
+        .targets
+        .iter()
+        .filter(|t| **t == Target::Cpu)
+        .flat_map(|t| {
+            k.dtypes.iter().map(move |d| {
+                let test = format_ident!("{}_{}", t.name(), d.name());
+                let dtype = format_ident!("{}", format!("{d:?}"));
+                quote! {
+                    ::moek_kernels::__private::if_cpu! {
+                        #[test]
+                        fn #test() {
+                            ::moek_kernels::__private::testing::check_spec(
+                                &super::entry(),
+                                ::moek_kernels::__private::ir::Target::Cpu,
+                                ::moek_kernels::__private::ir::DType::#dtype,
+                            );
+                        }
+                    }
+                }
+            })
+        });
+    quote! {
+        /// Generated: every variant of this spec against the f64 reference, fresh seeds each run.
+        #[cfg(test)]
+        mod equivalence {
+            #(#cases)*
+        }
+    }
+}
+
+/// The CPU variant of `k` as formatted Rust source (`moek emit NAME --backend cpu`).
+pub fn cpu_source(k: &Kernel) -> String {
+    let tokens = cpu::function(k);
+    match syn::parse2::<syn::File>(tokens.clone()) {
+        Ok(file) => prettyplease::unparse(&file),
+        Err(_) => tokens.to_string(),
+    }
+}

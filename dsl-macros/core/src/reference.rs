@@ -1,0 +1,163 @@
+//! The f64 reference semantics of every op: the one definition each variant is tested against.
+//!
+//! Functions compute one output row (one token, or a chosen set of vocabulary rows), so tests of
+//! full-size kernels can check a random sample of rows. Inputs are the variant's own inputs
+//! (already in the storage dtype), widened exactly to f64.
+
+use half::{bf16, f16};
+
+/// A storage element widened exactly to f64.
+pub trait Real: Copy {
+    fn f64(self) -> f64;
+}
+
+impl Real for f32 {
+    fn f64(self) -> f64 {
+        f64::from(self)
+    }
+}
+impl Real for f16 {
+    fn f64(self) -> f64 {
+        f64::from(self.to_f32())
+    }
+}
+impl Real for bf16 {
+    fn f64(self) -> f64 {
+        f64::from(self.to_f32())
+    }
+}
+
+/// Gemma's activation, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+pub fn gelu_tanh(x: f64) -> f64 {
+    let c = (2.0 / std::f64::consts::PI).sqrt();
+    0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+}
+
+/// `cap * tanh(x / cap)`.
+pub fn softcap(x: f64, cap: f64) -> f64 {
+    cap * (x / cap).tanh()
+}
+
+fn dot<A: Real, B: Real>(a: &[A], b: &[B]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x.f64() * y.f64()).sum()
+}
+
+/// Sizes of the problem a kernel runs on (dims an op lacks are 0 or 1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Shape {
+    pub t: usize,
+    pub r: usize,
+    pub e: usize,
+    pub h: usize,
+    pub f: usize,
+    pub v: usize,
+}
+
+/// `gelu_tanh(x . Wg[e]) * (x . Wu[e])` for one token; `gate_up` is `[E, 2F, H]`, gate rows first.
+pub fn expert_gate_up<W: Real>(s: &Shape, x: &[W], gate_up: &[W], e: usize) -> Vec<f64> {
+    let bank = &gate_up[e * 2 * s.f * s.h..(e + 1) * 2 * s.f * s.h];
+    (0..s.f)
+        .map(|j| {
+            let g = dot(x, &bank[j * s.h..(j + 1) * s.h]);
+            let u = dot(x, &bank[(s.f + j) * s.h..(s.f + j + 1) * s.h]);
+            gelu_tanh(g) * u
+        })
+        .collect()
+}
+
+/// `a . Wd[e]` for one activation row; `down` is `[E, H, F]`.
+pub fn expert_down<W: Real, A: Real>(s: &Shape, a: &[A], down: &[W], e: usize) -> Vec<f64> {
+    let bank = &down[e * s.h * s.f..(e + 1) * s.h * s.f];
+    (0..s.h)
+        .map(|i| dot(a, &bank[i * s.f..(i + 1) * s.f]))
+        .collect()
+}
+
+/// The `gate_up` op for token `t`: `[R, F]` activations of its routes.
+pub fn gate_up<W: Real>(s: &Shape, x: &[W], idx: &[u32], gate_up: &[W], t: usize) -> Vec<f64> {
+    let xt = &x[t * s.h..(t + 1) * s.h];
+    (0..s.r)
+        .flat_map(|r| expert_gate_up(s, xt, gate_up, idx[t * s.r + r] as usize))
+        .collect()
+}
+
+/// The `down` op for token `t`: `sum_r w[t,r] * (a[t,r] . Wd[idx[t,r]])`, `[H]`.
+pub fn down<W: Real>(
+    s: &Shape,
+    act: &[f32],
+    idx: &[u32],
+    weights: &[f32],
+    down: &[W],
+    t: usize,
+) -> Vec<f64> {
+    let mut out = vec![0.0; s.h];
+    for r in 0..s.r {
+        let a = &act[(t * s.r + r) * s.f..(t * s.r + r + 1) * s.f];
+        let y = expert_down(s, a, down, idx[t * s.r + r] as usize);
+        let w = f64::from(weights[t * s.r + r]);
+        out.iter_mut().zip(y).for_each(|(o, y)| *o += w * y);
+    }
+    out
+}
+
+/// The routed expert FFN for token `t`, `[H]`.
+pub fn expert_ffn<W: Real>(
+    s: &Shape,
+    x: &[W],
+    idx: &[u32],
+    weights: &[f32],
+    gate_up: &[W],
+    down: &[W],
+    t: usize,
+) -> Vec<f64> {
+    let xt = &x[t * s.h..(t + 1) * s.h];
+    let mut out = vec![0.0; s.h];
+    for r in 0..s.r {
+        let e = idx[t * s.r + r] as usize;
+        let a = expert_gate_up(s, xt, gate_up, e);
+        let y = expert_down(s, &a, down, e);
+        let w = f64::from(weights[t * s.r + r]);
+        out.iter_mut().zip(y).for_each(|(o, y)| *o += w * y);
+    }
+    out
+}
+
+/// The dense MLP for token `t`: `gate`/`up` are `[F, H]`, `down` is `[H, F]`.
+pub fn dense_mlp<W: Real>(
+    s: &Shape,
+    x: &[W],
+    gate: &[W],
+    up: &[W],
+    down: &[W],
+    t: usize,
+) -> Vec<f64> {
+    let xt = &x[t * s.h..(t + 1) * s.h];
+    let a: Vec<f64> = (0..s.f)
+        .map(|j| {
+            gelu_tanh(dot(xt, &gate[j * s.h..(j + 1) * s.h])) * dot(xt, &up[j * s.h..(j + 1) * s.h])
+        })
+        .collect();
+    (0..s.h)
+        .map(|i| dot(&a, &down[i * s.f..(i + 1) * s.f]))
+        .collect()
+}
+
+/// LM head logits of the final row, for the vocabulary rows `rows`: `softcap(h[T-1] . emb[v])`.
+pub fn lm_head_row<W: Real>(
+    s: &Shape,
+    hidden: &[W],
+    emb: &[W],
+    cap: f64,
+    rows: &[usize],
+) -> Vec<f64> {
+    let last = &hidden[(s.t - 1) * s.h..s.t * s.h];
+    rows.iter()
+        .map(|&v| softcap(dot(last, &emb[v * s.h..(v + 1) * s.h]), cap))
+        .collect()
+}
+
+impl Real for f64 {
+    fn f64(self) -> f64 {
+        self
+    }
+}

@@ -1,0 +1,98 @@
+//! The Spyre resource model the validator applies at macro time (DESIGN.md, "Spyre resource
+//! model"): sticks, cores, and what must stay resident in each core's LX scratchpad.
+
+use crate::ir::{DimName, Kernel, Op, Phase};
+
+/// Cores on one card.
+pub const CORES: usize = 32;
+/// Bytes of one stick, the unit of every device-memory <-> LX transfer.
+pub const STICK_BYTES: usize = 128;
+/// Elements of a 16-bit type (DL16 on the device) in one stick.
+pub const STICK_ELEMS: usize = STICK_BYTES / 2;
+/// LX bytes a core may plan: 2 MiB less the ~20% the backend reserves.
+pub const LX_BUDGET: usize = 2 * 1024 * 1024 * 8 / 10;
+/// Bytes of one device element (DL16).
+pub const ELEM_BYTES: usize = 2;
+/// Bytes of one f32 accumulator element.
+pub const ACC_BYTES: usize = 4;
+
+/// An operand that stays in one core's LX for the whole kernel or loop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resident {
+    pub name: &'static str,
+    pub bytes: usize,
+}
+
+/// Dims whose edges must fall on whole sticks (the innermost device dims).
+pub fn is_stick_dim(dim: DimName) -> bool {
+    matches!(dim, DimName::H | DimName::F)
+}
+
+/// Resident operands per core. Requires a fully fixed kernel (checked before this is called).
+///
+/// A core's token slice is `T / groups` around a persistent loop, else `T` over the largest token
+/// split of any phase; route owners (a split of `R`) each hold their routes only.
+pub fn resident(k: &Kernel) -> Vec<Resident> {
+    let size = |d| k.size(d).unwrap_or(1);
+    let split = |phase, d| {
+        k.cores_for(phase)
+            .iter()
+            .find(|s| s.dim == d)
+            .map_or(1, |s| s.parts)
+    };
+    let per_core = |d: DimName| {
+        let parts = [Phase::All, Phase::GateUp, Phase::Down]
+            .map(|p| split(p, d))
+            .into_iter()
+            .max()
+            .unwrap_or(1);
+        size(d).div_ceil(parts)
+    };
+    let tokens = match k.schedule.groups {
+        Some(g) => size(DimName::T).div_ceil(g.parts),
+        None => per_core(DimName::T),
+    };
+    let (h, f, r) = (size(DimName::H), size(DimName::F), per_core(DimName::R));
+    match k.op {
+        Op::GateUp => vec![
+            Resident {
+                name: "x",
+                bytes: tokens * h * ELEM_BYTES,
+            },
+            Resident {
+                name: "activation",
+                bytes: tokens * r * f * ACC_BYTES,
+            },
+        ],
+        Op::Down => vec![
+            Resident {
+                name: "activation",
+                bytes: tokens * r * f * ELEM_BYTES,
+            },
+            Resident {
+                name: "accumulator",
+                bytes: tokens * h * ACC_BYTES,
+            },
+        ],
+        Op::ExpertFfn | Op::DenseMlp => vec![
+            Resident {
+                name: "x",
+                bytes: tokens * h * ELEM_BYTES,
+            },
+            Resident {
+                name: "accumulator",
+                bytes: tokens * h * ACC_BYTES,
+            },
+        ],
+        Op::LmHeadRow => vec![
+            Resident {
+                name: "hidden row",
+                bytes: h * ELEM_BYTES,
+            },
+            Resident {
+                name: "logits",
+                bytes: per_core(DimName::V) * ACC_BYTES,
+            },
+        ],
+    }
+}

@@ -1,0 +1,55 @@
+//! The storage dtypes kernels run on, tied to their IR names and function tables.
+
+use crate::registry::{CpuFn, CpuFns};
+use half::{bf16, f16};
+use moek_dsl::ir::DType;
+use moek_dsl::reference::Real;
+
+/// f16, bf16 or f32: a storage dtype with its IR name and its slot in a spec's function table.
+pub trait Elem:
+    Copy + Default + Send + Sync + PartialEq + std::fmt::Debug + Real + 'static
+{
+    const DTYPE: DType;
+    fn from_f32(v: f32) -> Self;
+    fn to_f32(self) -> f32;
+    fn cpu_fn(fns: &CpuFns) -> Option<CpuFn<Self>>;
+}
+
+impl Elem for f16 {
+    const DTYPE: DType = DType::F16;
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn cpu_fn(fns: &CpuFns) -> Option<CpuFn<Self>> {
+        fns.f16
+    }
+}
+
+impl Elem for bf16 {
+    const DTYPE: DType = DType::Bf16;
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn cpu_fn(fns: &CpuFns) -> Option<CpuFn<Self>> {
+        fns.bf16
+    }
+}
+
+impl Elem for f32 {
+    const DTYPE: DType = DType::F32;
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn cpu_fn(fns: &CpuFns) -> Option<CpuFn<Self>> {
+        fns.f32
+    }
+}

@@ -1,0 +1,48 @@
+//! A spec's entry: its IR (parsed from the JSON the macro embedded) and its compiled variants.
+
+use crate::inputs::Inputs;
+use half::{bf16, f16};
+use moek_dsl::ir::Kernel;
+use moek_dsl::reference::Shape;
+
+/// A compiled CPU variant for one dtype. Returns the argmax for `lm_head_row`, `None` otherwise.
+pub type CpuFn<W> = fn(&Shape, &Inputs<'_, W>, &mut [f32]) -> Option<u32>;
+
+/// One CPU variant per dtype the spec declares (`None` for the others, or when `cpu` is off).
+#[derive(Clone, Copy, Debug)]
+pub struct CpuFns {
+    pub f16: Option<CpuFn<f16>>,
+    pub bf16: Option<CpuFn<bf16>>,
+    pub f32: Option<CpuFn<f32>>,
+}
+
+impl CpuFns {
+    pub const NONE: CpuFns = CpuFns {
+        f16: None,
+        bf16: None,
+        f32: None,
+    };
+}
+
+/// Everything dispatch and tools know of one spec.
+#[derive(Clone, Debug)]
+pub struct KernelEntry {
+    ir: Kernel,
+    pub cpu: CpuFns,
+}
+
+impl KernelEntry {
+    /// Built by generated code from the IR the macro validated.
+    pub fn new(ir_json: &str, cpu: CpuFns) -> Self {
+        let ir = serde_json::from_str(ir_json).expect("the macro embeds valid IR JSON");
+        KernelEntry { ir, cpu }
+    }
+
+    pub fn ir(&self) -> &Kernel {
+        &self.ir
+    }
+
+    pub fn name(&self) -> &str {
+        &self.ir.name
+    }
+}

@@ -1,0 +1,179 @@
+//! The built-in specs: the seeds' decode and prefill variants at the 26B-A4B geometry, and the
+//! general variants that serve any size and dtype. Each reads like a schedule card; docs/dsl.md
+//! documents every key. [`all`] lists them for dispatch and tools, in declaration order.
+
+use crate::kernel;
+use crate::registry::KernelEntry;
+use std::sync::OnceLock;
+
+kernel! {
+    /// Decode gate/up for one token and its eight routes. Each expert bank is cut into four
+    /// 704-term blocks of H before selection; partial products are added in block order (this
+    /// changes rounding versus one 2816-term dot product). Eight route owners.
+    pub decode_gate_up_h704x4 = gate_up {
+        dims:     T = 1, R = 8, E = 128, H = 2816, F = 704;
+        dtypes:   f16, bf16;
+        targets:  cpu, spyre;
+        select:   gather E by R;
+        reduce:   H = 704 x 4;
+        cores:    R = 8;
+        requires: indexed_selection_layout;
+    }
+
+    /// Decode down for one token and its eight routes: output columns cut 1024/1024/768 before
+    /// selection, each with the full 704-term reduction; the route-weighted K-axis combine adds
+    /// the eight routes in route order.
+    pub decode_down_cols_1024_1024_768 = down {
+        dims:     T = 1, R = 8, E = 128, H = 2816, F = 704;
+        dtypes:   f16, bf16;
+        targets:  cpu, spyre;
+        select:   gather E by R;
+        columns:  H = [1024, 1024, 768];
+        cores:    R = 8;
+        requires: indexed_selection_layout;
+    }
+
+    /// Decode expert FFN with both blockings: gate/up in 4 x 704 H blocks, down in
+    /// 1024/1024/768 column blocks, eight route owners in both phases.
+    pub decode_expert_ffn_blocked = expert_ffn {
+        dims:            T = 1, R = 8, E = 128, H = 2816, F = 704;
+        dtypes:          f16, bf16;
+        targets:         cpu, spyre;
+        select:          gather E by R;
+        reduce:          H = 704 x 4;
+        columns:         H = [1024, 1024, 768];
+        cores(gate_up):  R = 8;
+        cores(down):     R = 8;
+        requires:        indexed_selection_layout;
+    }
+
+    /// Decode expert FFN with the gate/up blocking alone.
+    pub decode_expert_ffn_gate_up_blocked = expert_ffn {
+        dims:            T = 1, R = 8, E = 128, H = 2816, F = 704;
+        dtypes:          f16, bf16;
+        targets:         cpu, spyre;
+        select:          gather E by R;
+        reduce:          H = 704 x 4;
+        cores(gate_up):  R = 8;
+        cores(down):     R = 8;
+        requires:        indexed_selection_layout;
+    }
+
+    /// Decode expert FFN with the down column blocking alone.
+    pub decode_expert_ffn_down_blocked = expert_ffn {
+        dims:            T = 1, R = 8, E = 128, H = 2816, F = 704;
+        dtypes:          f16, bf16;
+        targets:         cpu, spyre;
+        select:          gather E by R;
+        columns:         H = [1024, 1024, 768];
+        cores(gate_up):  R = 8;
+        cores(down):     R = 8;
+        requires:        indexed_selection_layout;
+    }
+
+    /// Prefill: all 128 experts densely over 512 tokens in one persistent loop; x and the
+    /// accumulator stay resident, weights advance one expert bank per trip. Gate/up splits
+    /// T x H = 8 x 4 (H partial sums completed across cores), down T x H = 16 x 2 (column halves),
+    /// 32 token groups own x and the accumulator.
+    pub prefill_expert_ffn_persistent = expert_ffn {
+        dims:            T = 512, R = 8, E = 128, H = 2816, F = 704;
+        dtypes:          f16, bf16;
+        targets:         cpu, spyre;
+        select:          dense E;
+        loop:            E persistent;
+        groups:          T = 32;
+        cores(gate_up):  T x H = 8 x 4;
+        cores(down):     T x H = 16 x 2;
+        requires:        lx_completed_sum;
+    }
+
+    /// Prefill on a CPU: tokens grouped by expert, one GEMM pair per expert bank (the weights are
+    /// read once per prompt, in place). Any prompt length.
+    pub prefill_expert_ffn_grouped = expert_ffn {
+        dims:      T, R = 8, E = 128, H = 2816, F = 704;
+        dtypes:    f16, bf16, f32;
+        targets:   cpu;
+        preferred: cpu;
+        select:    grouped E by R;
+    }
+
+    /// General decode fallback: gathered routes, unblocked, any size and dtype.
+    pub general_expert_ffn_gather = expert_ffn {
+        dims:    T, R, E, H, F;
+        dtypes:  f16, bf16, f32;
+        targets: cpu;
+        select:  gather E by R;
+    }
+
+    /// General prefill fallback: tokens grouped by expert, unblocked, any size and dtype.
+    pub general_expert_ffn_grouped = expert_ffn {
+        dims:    T, R, E, H, F;
+        dtypes:  f16, bf16, f32;
+        targets: cpu;
+        select:  grouped E by R;
+    }
+
+    /// General gate/up over gathered routes, unblocked.
+    pub general_gate_up = gate_up {
+        dims:    T, R, E, H, F;
+        dtypes:  f16, bf16, f32;
+        targets: cpu;
+        select:  gather E by R;
+    }
+
+    /// General down over gathered routes with the K-axis combine, unblocked.
+    pub general_down = down {
+        dims:    T, R, E, H, F;
+        dtypes:  f16, bf16, f32;
+        targets: cpu;
+        select:  gather E by R;
+    }
+
+    /// The shared dense MLP of every Gemma-4 layer, any size.
+    pub general_dense_mlp = dense_mlp {
+        dims:    T, H, F;
+        dtypes:  f16, bf16, f32;
+        targets: cpu;
+    }
+
+    /// The 26B-A4B dense MLP (F 2112): gate/up rows split over two cores' worth of units, down
+    /// columns likewise.
+    pub dense_mlp_26b = dense_mlp {
+        dims:           T, H = 2816, F = 2112;
+        dtypes:         f16, bf16;
+        targets:        cpu;
+        cores(gate_up): F = 32;
+        cores(down):    H = 32;
+    }
+
+    /// The LM head on the final hidden row only, any vocabulary: softcap, then argmax.
+    pub general_lm_head_row = lm_head_row {
+        dims:    T, H, V;
+        dtypes:  f16, bf16, f32;
+        targets: cpu;
+        cores:   V = 32;
+    }
+}
+
+/// Every built-in spec, in declaration order.
+pub fn all() -> &'static [KernelEntry] {
+    static ALL: OnceLock<Vec<KernelEntry>> = OnceLock::new();
+    ALL.get_or_init(|| {
+        vec![
+            decode_gate_up_h704x4::entry(),
+            decode_down_cols_1024_1024_768::entry(),
+            decode_expert_ffn_blocked::entry(),
+            decode_expert_ffn_gate_up_blocked::entry(),
+            decode_expert_ffn_down_blocked::entry(),
+            prefill_expert_ffn_persistent::entry(),
+            prefill_expert_ffn_grouped::entry(),
+            general_expert_ffn_gather::entry(),
+            general_expert_ffn_grouped::entry(),
+            general_gate_up::entry(),
+            general_down::entry(),
+            general_dense_mlp::entry(),
+            dense_mlp_26b::entry(),
+            general_lm_head_row::entry(),
+        ]
+    })
+}

@@ -1,0 +1,448 @@
+//! The equivalence harness: runs a spec's variant on random inputs and compares it with the f64
+//! reference (`moek_dsl::reference`) under the dtype's written tolerance
+//! (`moek_dsl::tolerance`). Every spec's generated tests call [`check_spec`]; `moek check` prints
+//! the same [`Report`]s.
+//!
+//! Outputs are poisoned with NaN before a run, so an element a variant fails to write is NaN and
+//! fails. Full-size specs check a random sample of output rows against the reference (the f64
+//! reference of a 26B-A4B layer is minutes of work); every element is still checked for NaN.
+
+use crate::elem::Elem;
+use crate::inputs::{Inputs, output_len};
+use crate::registry::KernelEntry;
+use half::{bf16, f16};
+use moek_dsl::ir::{DType, DimName, Kernel, Op, Target};
+use moek_dsl::reference::{self, Shape};
+use moek_dsl::tolerance::{Deviation, Tolerance, tolerance};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
+use std::time::Instant;
+
+/// Sizes given to free dims in tests: small, and off every SIMD width so tails run.
+pub const SMALL: Shape = Shape {
+    t: 5,
+    r: 3,
+    e: 7,
+    h: 200,
+    f: 72,
+    v: 301,
+};
+
+/// Output rows (tokens, or vocabulary rows of the LM head) checked against the reference per run.
+pub const SAMPLE_ROWS: usize = 6;
+
+/// Runs `entry`'s variant on `target` for `dtype` on fresh seeds and panics, with the seed and the
+/// figures, if any run is outside the tolerance or leaves an element unwritten.
+pub fn check_spec(entry: &KernelEntry, target: Target, dtype: DType) {
+    let k = entry.ir();
+    let mut shapes = vec![shape_for(k, &SMALL)];
+    if !k.is_fully_fixed() && k.size(DimName::T).is_none() {
+        shapes.push(shape_for(k, &Shape { t: 1, ..SMALL }));
+    }
+    for shape in shapes {
+        let seeds = fresh_seeds(3);
+        for report in run_seeds(entry, target, dtype, &shape, &seeds) {
+            assert!(
+                report.passed(),
+                "{report}\nreproduce with seed {}",
+                report.seed
+            );
+        }
+    }
+}
+
+/// The problem a spec runs on: its fixed sizes, and `free`'s for its free dims.
+pub fn shape_for(k: &Kernel, free: &Shape) -> Shape {
+    let pick = |d: DimName, dflt: usize| k.size(d).unwrap_or(dflt);
+    let has = |d: DimName| k.op.dims().contains(&d);
+    Shape {
+        t: pick(DimName::T, free.t),
+        r: if has(DimName::R) {
+            pick(DimName::R, free.r)
+        } else {
+            0
+        },
+        e: if has(DimName::E) {
+            pick(DimName::E, free.e)
+        } else {
+            0
+        },
+        h: pick(DimName::H, free.h),
+        f: if has(DimName::F) {
+            pick(DimName::F, free.f)
+        } else {
+            0
+        },
+        v: if has(DimName::V) {
+            pick(DimName::V, free.v)
+        } else {
+            0
+        },
+    }
+}
+
+/// Seeds that differ between runs (time and a counter); reports print them for reproduction.
+pub fn fresh_seeds(n: usize) -> Vec<u64> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    (0..n)
+        .map(|_| {
+            now ^ COUNTER
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        })
+        .collect()
+}
+
+/// The outcome of one run against the reference.
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub kernel: String,
+    pub target: Target,
+    pub dtype: DType,
+    pub shape: String,
+    pub seed: u64,
+    pub deviation: Deviation,
+    pub tolerance: Tolerance,
+    /// Seconds the variant itself took.
+    pub seconds: f64,
+    /// Weight bytes the op must read, and its multiply-add flops (2 per MAC).
+    pub bytes: f64,
+    pub flops: f64,
+    /// For the LM head: whether the returned argmax is the index of the largest logit.
+    pub argmax_ok: bool,
+}
+
+impl Report {
+    pub fn passed(&self) -> bool {
+        self.argmax_ok && self.deviation.within(self.tolerance)
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} on {} ({}, {}): {}; limits rel L2 {:.1e}, max abs {:.1e}{}",
+            self.kernel,
+            self.target,
+            self.dtype,
+            self.shape,
+            self.deviation,
+            self.tolerance.rel_l2,
+            self.tolerance.max_abs,
+            if self.argmax_ok {
+                ""
+            } else {
+                "; argmax is not the largest logit"
+            }
+        )
+    }
+}
+
+/// Runs one spec once per seed (weights drawn once from the first seed, activations and routes
+/// fresh per seed), returning a report per run.
+pub fn run_seeds(
+    entry: &KernelEntry,
+    target: Target,
+    dtype: DType,
+    shape: &Shape,
+    seeds: &[u64],
+) -> Vec<Report> {
+    match dtype {
+        DType::F16 => run_typed::<f16>(entry, target, shape, seeds),
+        DType::Bf16 => run_typed::<bf16>(entry, target, shape, seeds),
+        DType::F32 => run_typed::<f32>(entry, target, shape, seeds),
+    }
+}
+
+fn run_typed<W: Elem>(
+    entry: &KernelEntry,
+    target: Target,
+    shape: &Shape,
+    seeds: &[u64],
+) -> Vec<Report> {
+    let k = entry.ir();
+    let mut case = Case::<W>::new(k.op, *shape, seeds[0]);
+    seeds
+        .iter()
+        .map(|&seed| {
+            case.reseed(seed);
+            let mut out = vec![f32::NAN; output_len(k.op, shape)];
+            let inputs = case.inputs();
+            inputs
+                .validate(shape, out.len())
+                .expect("the harness builds well-formed inputs");
+            let start = Instant::now();
+            let argmax = match target {
+                Target::Cpu => {
+                    let f = W::cpu_fn(&entry.cpu).unwrap_or_else(|| {
+                        panic!(
+                            "`{}` has no CPU variant for {} in this build",
+                            k.name,
+                            W::DTYPE
+                        )
+                    });
+                    f(shape, &inputs, &mut out)
+                }
+                other => panic!("the {other} backend is not part of this build"),
+            };
+            let seconds = start.elapsed().as_secs_f64();
+            let (deviation, argmax_ok) = case.compare(&out, argmax, seed);
+            let (bytes, flops) = case.work();
+            Report {
+                kernel: k.name.clone(),
+                target,
+                dtype: W::DTYPE,
+                shape: crate::inputs::describe(k.op, shape),
+                seed,
+                deviation,
+                tolerance: tolerance(W::DTYPE),
+                seconds,
+                bytes,
+                flops,
+                argmax_ok,
+            }
+        })
+        .collect()
+}
+
+/// Random inputs of one op at one shape. Weights are scaled by 1/sqrt(fan-in) so activations stay
+/// O(1) at every size.
+#[derive(Debug)]
+pub struct Case<W> {
+    pub op: Op,
+    pub shape: Shape,
+    pub x: Vec<W>,
+    pub idx: Vec<u32>,
+    pub weights: Vec<f32>,
+    pub act: Vec<f32>,
+    /// gate_up bank / dense gate / embedding.
+    pub w1: Vec<W>,
+    /// down bank / dense up.
+    pub w2: Vec<W>,
+    /// dense down.
+    pub w3: Vec<W>,
+    pub softcap: f32,
+}
+
+impl<W: Elem> Case<W> {
+    /// Draws weights from `seed` (and activations and routes, see [`Case::reseed`]).
+    pub fn new(op: Op, s: Shape, seed: u64) -> Self {
+        let (h, f) = (
+            1.0 / (s.h.max(1) as f32).sqrt(),
+            1.0 / (s.f.max(1) as f32).sqrt(),
+        );
+        let (w1, w2, w3) = match op {
+            Op::GateUp => (uniform(s.e * 2 * s.f * s.h, seed ^ 1, h), vec![], vec![]),
+            Op::Down => (vec![], uniform(s.e * s.h * s.f, seed ^ 2, f), vec![]),
+            Op::ExpertFfn => (
+                uniform(s.e * 2 * s.f * s.h, seed ^ 1, h),
+                uniform(s.e * s.h * s.f, seed ^ 2, f),
+                vec![],
+            ),
+            Op::DenseMlp => (
+                uniform(s.f * s.h, seed ^ 3, h),
+                uniform(s.f * s.h, seed ^ 4, h),
+                uniform(s.h * s.f, seed ^ 5, f),
+            ),
+            Op::LmHeadRow => (uniform(s.v * s.h, seed ^ 6, 1.0), vec![], vec![]),
+        };
+        let mut case = Case {
+            op,
+            shape: s,
+            x: vec![],
+            idx: vec![],
+            weights: vec![],
+            act: vec![],
+            w1,
+            w2,
+            w3,
+            softcap: 30.0,
+        };
+        case.reseed(seed);
+        case
+    }
+
+    /// Fresh activations, routes and route weights from `seed`; the weights stay.
+    pub fn reseed(&mut self, seed: u64) {
+        let s = self.shape;
+        self.x = uniform(s.t * s.h, seed ^ 7, 1.0);
+        self.act = if self.op == Op::Down {
+            uniform::<f32>(s.t * s.r * s.f, seed ^ 8, 1.0)
+        } else {
+            vec![]
+        };
+        (self.idx, self.weights) = routes(s.t, s.r, s.e, seed ^ 9);
+    }
+
+    pub fn inputs(&self) -> Inputs<'_, W> {
+        match self.op {
+            Op::GateUp => Inputs::GateUp {
+                x: &self.x,
+                idx: &self.idx,
+                gate_up: &self.w1,
+            },
+            Op::Down => Inputs::Down {
+                act: &self.act,
+                idx: &self.idx,
+                weights: &self.weights,
+                down: &self.w2,
+            },
+            Op::ExpertFfn => Inputs::ExpertFfn {
+                x: &self.x,
+                idx: &self.idx,
+                weights: &self.weights,
+                gate_up: &self.w1,
+                down: &self.w2,
+            },
+            Op::DenseMlp => Inputs::DenseMlp {
+                x: &self.x,
+                gate: &self.w1,
+                up: &self.w2,
+                down: &self.w3,
+            },
+            Op::LmHeadRow => Inputs::LmHeadRow {
+                hidden: &self.x,
+                emb: &self.w1,
+                softcap: self.softcap,
+            },
+        }
+    }
+
+    /// The reference for output row `row` (a token; for the LM head, a vocabulary row).
+    pub fn reference_row(&self, row: usize) -> Vec<f64> {
+        let s = &self.shape;
+        match self.op {
+            Op::GateUp => reference::gate_up(s, &self.x, &self.idx, &self.w1, row),
+            Op::Down => reference::down(s, &self.act, &self.idx, &self.weights, &self.w2, row),
+            Op::ExpertFfn => reference::expert_ffn(
+                s,
+                &self.x,
+                &self.idx,
+                &self.weights,
+                &self.w1,
+                &self.w2,
+                row,
+            ),
+            Op::DenseMlp => reference::dense_mlp(s, &self.x, &self.w1, &self.w2, &self.w3, row),
+            Op::LmHeadRow => {
+                reference::lm_head_row(s, &self.x, &self.w1, f64::from(self.softcap), &[row])
+            }
+        }
+    }
+
+    /// Output rows and their width: tokens (the LM head: vocabulary rows of width 1).
+    pub fn rows(&self) -> (usize, usize) {
+        let s = &self.shape;
+        match self.op {
+            Op::GateUp => (s.t, s.r * s.f),
+            Op::LmHeadRow => (s.v, 1),
+            _ => (s.t, s.h),
+        }
+    }
+
+    /// Deviation from the reference on a sample of rows (all rows when few), and whether the
+    /// argmax (LM head) is the largest logit. Non-finite elements anywhere count.
+    pub fn compare(&self, out: &[f32], argmax: Option<u32>, seed: u64) -> (Deviation, bool) {
+        let (rows, width) = self.rows();
+        let sample = sample_rows(
+            rows,
+            if self.op == Op::LmHeadRow {
+                64 * SAMPLE_ROWS
+            } else {
+                SAMPLE_ROWS
+            },
+            seed,
+            argmax,
+        );
+        let want: Vec<Vec<f64>> = sample.par_iter().map(|&r| self.reference_row(r)).collect();
+        let got: Vec<f32> = sample
+            .iter()
+            .flat_map(|&r| out[r * width..(r + 1) * width].iter().copied())
+            .collect();
+        let mut dev = Deviation::measure(&got, &want.concat());
+        dev.non_finite += out.iter().filter(|v| !v.is_finite()).count();
+        dev.count = out.len();
+        let argmax_ok = match (self.op, argmax) {
+            (Op::LmHeadRow, Some(i)) => out.iter().all(|&v| v <= out[i as usize]),
+            (Op::LmHeadRow, None) => false,
+            _ => true,
+        };
+        (dev, argmax_ok)
+    }
+
+    /// (weight bytes the op must read, flops) for this case's routes.
+    pub fn work(&self) -> (f64, f64) {
+        let s = &self.shape;
+        let b = std::mem::size_of::<W>() as f64;
+        let experts = {
+            let mut seen = vec![false; s.e];
+            self.idx.iter().for_each(|&e| seen[e as usize] = true);
+            seen.iter().filter(|&&x| x).count() as f64
+        };
+        let (t, r, h, f, v) = (s.t as f64, s.r as f64, s.h as f64, s.f as f64, s.v as f64);
+        match self.op {
+            Op::GateUp => (experts * 2.0 * f * h * b, 2.0 * t * r * 2.0 * f * h),
+            Op::Down => (experts * h * f * b, 2.0 * t * r * h * f),
+            Op::ExpertFfn => (experts * 3.0 * f * h * b, 2.0 * t * r * 3.0 * f * h),
+            Op::DenseMlp => (3.0 * f * h * b, 2.0 * t * 3.0 * f * h),
+            Op::LmHeadRow => (v * h * b, 2.0 * v * h),
+        }
+    }
+}
+
+/// `len` values uniform in `[-scale, scale)`, drawn in parallel chunks (deterministic in `seed`).
+pub fn uniform<W: Elem>(len: usize, seed: u64, scale: f32) -> Vec<W> {
+    const CHUNK: usize = 1 << 16;
+    let mut v = vec![W::default(); len];
+    v.par_chunks_mut(CHUNK).enumerate().for_each(|(i, c)| {
+        let mut rng = SmallRng::seed_from_u64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i as u64);
+        c.iter_mut()
+            .for_each(|x| *x = W::from_f32(rng.random_range(-scale..scale)));
+    });
+    v
+}
+
+/// Top-`r` routes per token: distinct experts (when `r <= e`) with positive weights summing to 1.
+pub fn routes(t: usize, r: usize, e: usize, seed: u64) -> (Vec<u32>, Vec<f32>) {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut idx = Vec::with_capacity(t * r);
+    let mut weights = Vec::with_capacity(t * r);
+    let mut experts: Vec<u32> = (0..e as u32).collect();
+    for _ in 0..t {
+        for j in 0..r {
+            let pick = if r <= e {
+                rng.random_range(j..e)
+            } else {
+                rng.random_range(0..e)
+            };
+            experts.swap(j.min(e - 1), pick);
+            idx.push(experts[j.min(e - 1)]);
+        }
+        let w: Vec<f32> = (0..r).map(|_| rng.random_range(0.05f32..1.0)).collect();
+        let sum: f32 = w.iter().sum();
+        weights.extend(w.iter().map(|x| x / sum));
+    }
+    (idx, weights)
+}
+
+/// Up to `n` distinct rows of `0..rows` (all when few): first, last, the argmax, and random ones.
+fn sample_rows(rows: usize, n: usize, seed: u64, argmax: Option<u32>) -> Vec<usize> {
+    if rows <= n {
+        return (0..rows).collect();
+    }
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0x5A5A);
+    let mut pick = vec![0, rows - 1];
+    pick.extend(argmax.map(|a| a as usize));
+    while pick.len() < n {
+        pick.push(rng.random_range(0..rows));
+    }
+    pick.sort_unstable();
+    pick.dedup();
+    pick
+}
