@@ -1,1 +1,1 @@
-
+//! Cross-crate tests live in `tests/`: trybuild UI tests of specs, dispatch, numerics of blocking.

@@ -106,7 +106,7 @@ impl Checker {
         let select = self.select(spec, op, p.select.as_ref());
         let reduce = self.all_blocks(op, &sizes, &p.reduce, BlockKind::Reduce);
         let columns = self.all_blocks(op, &sizes, &p.columns, BlockKind::Columns);
-        let cores = self.cores(op, &sizes, &p.cores);
+        let cores = self.cores(op, select, &sizes, &p.cores);
         let groups = p
             .groups
             .as_ref()
@@ -293,6 +293,7 @@ impl Checker {
     /// Dims: exactly the op's, each once, sizes positive. Returns them in canonical order.
     fn dims(&mut self, spec: &Spec, op: Op, decls: Option<&[DimDecl]>) -> Vec<Dim> {
         let mut found: Vec<Dim> = Vec::new();
+        let mut declared: Vec<DimName> = Vec::new();
         let valid = op
             .dims()
             .iter()
@@ -308,11 +309,12 @@ impl Checker {
                 );
                 continue;
             };
-            if found.iter().any(|d| d.name == dim) {
+            if declared.contains(&dim) {
                 self.errors
                     .push(decl.name.span(), format!("duplicate dim `{name}`"));
                 continue;
             }
+            declared.push(dim);
             let size = decl
                 .size
                 .as_ref()
@@ -325,7 +327,7 @@ impl Checker {
         let missing: Vec<&str> = op
             .dims()
             .iter()
-            .filter(|d| !found.iter().any(|f| f.name == **d))
+            .filter(|d| !declared.contains(d))
             .map(|d| d.name())
             .collect();
         if !missing.is_empty() && decls.is_some() {
@@ -476,7 +478,7 @@ impl Checker {
             self.errors.push(
                 decl.dim.span(),
                 format!(
-                    "`{name}` is not a {} dim of `{op}`; valid: {}",
+                    "`{name}` is not {} dim of `{op}`; valid: {}",
                     kind.what(),
                     join(&valid)
                 ),
@@ -529,6 +531,7 @@ impl Checker {
     fn cores(
         &mut self,
         op: Op,
+        select: Selection,
         sizes: &HashMap<DimName, Option<usize>>,
         decls: &[(Phase, Span, CoresDecl)],
     ) -> Vec<CoreSplit> {
@@ -545,10 +548,26 @@ impl Checker {
                 );
                 continue;
             }
+            if select == Selection::Grouped {
+                self.errors.push(
+                    *key_span,
+                    "grouped selection makes one work unit per expert (group sizes depend on the routes): remove `cores`",
+                );
+                continue;
+            }
             let mut splits: Vec<Split> = Vec::new();
             let mut ok = true;
+            let can_split = splittable(op, select, *phase);
             for (ident, lit) in decl.dims.iter().zip(&decl.parts) {
                 let name = ident.to_string();
+                if let Some(dim) = DimName::from_name(&name).filter(|d| op.dims().contains(d) && !can_split.contains(d)) {
+                    self.errors.push(
+                        ident.span(),
+                        format!("`{op}` cannot split `{dim}` across cores{}; splittable: {}", phase_suffix(*phase), join(&can_split)),
+                    );
+                    ok = false;
+                    continue;
+                }
                 let Some(dim) = DimName::from_name(&name).filter(|d| op.dims().contains(d)) else {
                     let valid = op
                         .dims()
@@ -814,7 +833,7 @@ impl Checker {
                 );
             }
         }
-        if free.is_empty() {
+        if free.is_empty() && k.schedule.select != Selection::Grouped {
             for r in spyre::resident(k) {
                 if r.bytes > spyre::LX_BUDGET {
                     self.errors.push(
@@ -856,9 +875,39 @@ impl BlockKind {
     }
     fn what(self) -> &'static str {
         match self {
-            BlockKind::Reduce => "reduction",
-            BlockKind::Columns => "output column",
+            BlockKind::Reduce => "a reduction",
+            BlockKind::Columns => "an output column",
         }
+    }
+}
+
+/// Dims a phase's work units may be cut along (what the emitters map onto cores).
+fn splittable(op: Op, select: Selection, phase: Phase) -> Vec<DimName> {
+    use DimName::*;
+    let of = |p: Phase| -> &'static [DimName] {
+        match (op, p) {
+            (Op::ExpertFfn, Phase::GateUp) if select == Selection::Dense => &[T, F, H],
+            (Op::ExpertFfn, Phase::Down) if select == Selection::Dense => &[T, H, F],
+            (Op::GateUp, _) => &[T, R, F, H],
+            (Op::Down, _) => &[T, R, H, F],
+            (Op::ExpertFfn, Phase::GateUp) => &[T, R, F, H],
+            (Op::ExpertFfn, Phase::Down) => &[T, R, H, F],
+            (Op::DenseMlp, Phase::GateUp) => &[T, F, H],
+            (Op::DenseMlp, Phase::Down) => &[T, H, F],
+            (Op::LmHeadRow, _) => &[V],
+            (Op::ExpertFfn | Op::DenseMlp, Phase::All) => unreachable!("resolved below"),
+        }
+    };
+    match (op.has_phases(), phase) {
+        (true, Phase::All) => of(Phase::GateUp).iter().copied().filter(|d| of(Phase::Down).contains(d)).collect(),
+        _ => of(phase).to_vec(),
+    }
+}
+
+fn phase_suffix(phase: Phase) -> String {
+    match phase {
+        Phase::All => String::new(),
+        p => format!(" in its {p} phase"),
     }
 }
 

@@ -1,0 +1,14 @@
+use moek_kernels::kernel;
+
+kernel! {
+    pub k = expert_ffn {
+        dims:    T = 512, R = 8, E = 128, H = 2816, F = 704;
+        dtypes:  bf16;
+        targets: cpu;
+        select:  dense E;
+        loop:    E persistent;
+        groups:  T = 24;
+    }
+}
+
+fn main() {}

@@ -1,0 +1,14 @@
+use moek_kernels::kernel;
+
+kernel! {
+    pub k = expert_ffn {
+        dims:    T = 4096, R = 8, E = 128, H = 2816, F = 704;
+        dtypes:  bf16;
+        targets: spyre;
+        select:  dense E;
+        loop:    E persistent;
+        groups:  T = 8;
+    }
+}
+
+fn main() {}
