@@ -1,7 +1,7 @@
 //! Which variant runs: every spec of the op is checked for eligibility on the backend, the most
 //! specific eligible one is chosen, and the choice records why (and why each other was not).
 //!
-//! Specificity: a spec `preferred` on the backend wins; then more fixed dims; then more schedule
+//! Specificity: more fixed dims; then more bounded free dims (`T = 2..`); then more schedule
 //! decisions; then declaration order. An explicitly requested variant that is not eligible is an
 //! error returned before anything is computed or written.
 
@@ -22,15 +22,13 @@ pub struct Backend {
 
 impl Backend {
     /// The CPU reads expert banks in place by route (the checkpoint layout is its indexed-selection
-    /// layout, and no read copies the selected weights) and completes split sums in memory.
+    /// layout, and no read copies the selected weights). It has no LX scratchpad, so it lacks
+    /// `lx_completed_sum`: the persistent Spyre-shaped prefill is tested on the CPU but not
+    /// dispatched there (the grouped prefill is the CPU's algorithm).
     pub fn cpu() -> Backend {
         Backend {
             target: Target::Cpu,
-            capabilities: vec![
-                Capability::IndexedSelectionLayout,
-                Capability::LxCompletedSum,
-                Capability::ReadCopyElision,
-            ],
+            capabilities: vec![Capability::IndexedSelectionLayout, Capability::ReadCopyElision],
         }
     }
 
@@ -60,6 +58,12 @@ pub enum Ineligible {
     NotCompiled { target: Target },
     #[error("has no {dtype} variant (dtypes: {supported})")]
     DType { dtype: DType, supported: String },
+    #[error("serves {dim} in {range}, the problem has {dim}={got}")]
+    Range {
+        dim: moek_dsl::ir::DimName,
+        range: String,
+        got: usize,
+    },
     #[error("is fixed at {dim}={fixed}, the problem has {dim}={got}")]
     Dim {
         dim: moek_dsl::ir::DimName,
@@ -79,7 +83,7 @@ pub struct Choice {
     pub kernel: String,
     pub target: Target,
     pub dtype: DType,
-    /// Why this one: explicit request, preferred, or most specific.
+    /// Why this one: explicit request, or most specific.
     pub why: String,
     /// Every other spec of the op, with why it was not chosen.
     pub passed_over: Vec<(String, String)>,
@@ -152,15 +156,15 @@ pub fn eligible(
         return Err(Ineligible::DType { dtype, supported });
     }
     for d in &k.dims {
-        if let Some(fixed) = d.size {
-            let got = dim_size(shape, d.name);
-            if got != fixed {
-                return Err(Ineligible::Dim {
-                    dim: d.name,
-                    fixed,
-                    got,
-                });
-            }
+        let got = dim_size(shape, d.name);
+        if !d.admits(got) {
+            return Err(match d.size {
+                Some(fixed) => Ineligible::Dim { dim: d.name, fixed, got },
+                None => {
+                    let range = d.to_string().split_once('=').map_or(String::new(), |(_, r)| r.to_string());
+                    Ineligible::Range { dim: d.name, range, got }
+                }
+            });
         }
     }
     for &capability in &k.requires {
@@ -212,14 +216,14 @@ pub fn choose(
         choice.why = "requested explicitly".to_string();
         return Ok(choice);
     }
-    let mut best: Option<(&KernelEntry, (bool, usize, usize))> = None;
+    let mut best: Option<(&KernelEntry, (usize, usize, usize))> = None;
     for entry in &of_op {
         match eligible(entry, backend, op, dtype, shape) {
             Err(reason) => choice
                 .passed_over
                 .push((entry.name().to_string(), format!("it {reason}"))),
             Ok(()) => {
-                let rank = specificity(entry.ir(), backend.target);
+                let rank = specificity(entry.ir());
                 if best.is_none_or(|(_, b)| rank > b) {
                     if let Some((prev, _)) = best {
                         choice.passed_over.push((
@@ -238,7 +242,7 @@ pub fn choose(
             }
         }
     }
-    let Some((entry, (preferred, fixed, decisions))) = best else {
+    let Some((entry, (fixed, bounded, decisions))) = best else {
         let reasons = choice
             .passed_over
             .iter()
@@ -255,19 +259,17 @@ pub fn choose(
         });
     };
     choice.kernel = entry.name().to_string();
-    choice.why = if preferred {
-        format!("preferred on {}", backend.target)
-    } else {
-        format!("most specific eligible ({fixed} fixed dims, {decisions} schedule decisions)")
-    };
+    choice.why = format!(
+        "most specific eligible ({fixed} fixed dims, {bounded} bounded, {decisions} schedule decisions)"
+    );
     choice
         .passed_over
         .sort_by_key(|(_, why)| why.starts_with("less specific"));
     Ok(choice)
 }
 
-/// (preferred on this target, fixed dims, schedule decisions): larger is more specific.
-fn specificity(k: &Kernel, target: Target) -> (bool, usize, usize) {
+/// (fixed dims, bounded free dims, schedule decisions): larger is more specific.
+fn specificity(k: &Kernel) -> (usize, usize, usize) {
     let s = &k.schedule;
     let decisions = s.reduce.len()
         + s.columns.len()
@@ -276,8 +278,8 @@ fn specificity(k: &Kernel, target: Target) -> (bool, usize, usize) {
         + usize::from(s.persistent.is_some())
         + s.stream.len();
     (
-        k.preferred.contains(&target),
         k.dims.iter().filter(|d| d.size.is_some()).count(),
+        k.dims.iter().filter(|d| d.is_bounded()).count(),
         decisions,
     )
 }

@@ -88,13 +88,13 @@ kernel! {
     }
 
     /// Prefill on a CPU: tokens grouped by expert, one GEMM pair per expert bank (the weights are
-    /// read once per prompt, in place). Any prompt length.
+    /// read once per prompt, in place). Any prompt of two tokens or more; decode takes the gather
+    /// variants.
     pub prefill_expert_ffn_grouped = expert_ffn {
-        dims:      T, R = 8, E = 128, H = 2816, F = 704;
-        dtypes:    f16, bf16, f32;
-        targets:   cpu;
-        preferred: cpu;
-        select:    grouped E by R;
+        dims:    T = 2.., R = 8, E = 128, H = 2816, F = 704;
+        dtypes:  f16, bf16, f32;
+        targets: cpu;
+        select:  grouped E by R;
     }
 
     /// General decode fallback: gathered routes, unblocked, any size and dtype.
@@ -107,7 +107,7 @@ kernel! {
 
     /// General prefill fallback: tokens grouped by expert, unblocked, any size and dtype.
     pub general_expert_ffn_grouped = expert_ffn {
-        dims:    T, R, E, H, F;
+        dims:    T = 2.., R, E, H, F;
         dtypes:  f16, bf16, f32;
         targets: cpu;
         select:  grouped E by R;

@@ -22,11 +22,13 @@ pub struct Entry {
     pub value: TokenStream,
 }
 
-/// `T = 512` (fixed) or `T` (free).
+/// `T = 512` (fixed), `T` (free), `T = 2..` or `T = 2..=4096` (free within bounds).
 #[derive(Debug)]
 pub struct DimDecl {
     pub name: Ident,
     pub size: Option<LitInt>,
+    /// Present for a range: `(min, max)`.
+    pub range: Option<(LitInt, Option<LitInt>)>,
 }
 
 /// `gather E by R`, `dense E`, `grouped E by R`.

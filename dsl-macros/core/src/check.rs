@@ -18,7 +18,6 @@ pub const KEYS: &[&str] = &[
     "dims",
     "dtypes",
     "targets",
-    "preferred",
     "select",
     "reduce",
     "columns",
@@ -53,7 +52,6 @@ struct Parsed {
     dims: Option<Vec<DimDecl>>,
     dtypes: Vec<(DType, Span)>,
     targets: Vec<(Target, Span)>,
-    preferred: Vec<(Target, Span)>,
     select: Option<SelectDecl>,
     reduce: Vec<BlocksDecl>,
     columns: Vec<BlocksDecl>,
@@ -92,17 +90,6 @@ impl Checker {
             }
         }
         let targets: Vec<Target> = p.targets.iter().map(|t| t.0).collect();
-        for (t, span) in &p.preferred {
-            if !targets.contains(t) {
-                self.errors.push(
-                    *span,
-                    format!(
-                        "`{t}` is preferred but not a target; targets: {}",
-                        join(&targets)
-                    ),
-                );
-            }
-        }
         let select = self.select(spec, op, p.select.as_ref());
         let reduce = self.all_blocks(op, &sizes, &p.reduce, BlockKind::Reduce);
         let columns = self.all_blocks(op, &sizes, &p.columns, BlockKind::Columns);
@@ -127,7 +114,6 @@ impl Checker {
             dims,
             dtypes: p.dtypes.iter().map(|d| d.0).collect(),
             targets,
-            preferred: p.preferred.iter().map(|t| t.0).collect(),
             schedule: Schedule {
                 select,
                 reduce,
@@ -205,11 +191,6 @@ impl Checker {
                     p.has_targets = true;
                     let names = parse_or_record!(parse::names);
                     p.targets = self.named(names, Target::from_name, "target", Target::valid_names);
-                }
-                "preferred" => {
-                    let names = parse_or_record!(parse::names);
-                    p.preferred =
-                        self.named(names, Target::from_name, "target", Target::valid_names)
                 }
                 "requires" => {
                     let names = parse_or_record!(parse::names);
@@ -315,14 +296,25 @@ impl Checker {
                 continue;
             }
             declared.push(dim);
-            let size = decl
-                .size
-                .as_ref()
-                .and_then(|lit| self.positive(lit, &format!("dim `{name}`")));
+            let what = format!("dim `{name}`");
+            let size = decl.size.as_ref().and_then(|lit| self.positive(lit, &what));
             if decl.size.is_some() && size.is_none() {
                 continue;
             }
-            found.push(Dim { name: dim, size });
+            let (mut min, mut max) = (1, None);
+            if let Some((lo, hi)) = &decl.range {
+                let Some(lo_n) = self.positive(lo, &what) else { continue };
+                min = lo_n;
+                if let Some(hi) = hi {
+                    let Some(hi_n) = self.positive(hi, &what) else { continue };
+                    if hi_n < lo_n {
+                        self.errors.push(hi.span(), format!("{what} range {lo_n}..={hi_n} is empty"));
+                        continue;
+                    }
+                    max = Some(hi_n);
+                }
+            }
+            found.push(Dim { name: dim, size, min, max });
         }
         let missing: Vec<&str> = op
             .dims()

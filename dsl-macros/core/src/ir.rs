@@ -18,8 +18,6 @@ pub struct Kernel {
     pub dims: Vec<Dim>,
     pub dtypes: Vec<DType>,
     pub targets: Vec<Target>,
-    /// Backends on which this spec wins over more specific eligible ones.
-    pub preferred: Vec<Target>,
     pub schedule: Schedule,
     pub requires: Vec<Capability>,
 }
@@ -44,8 +42,27 @@ pub enum Op {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Dim {
     pub name: DimName,
-    /// `None` for a free dim: the variant serves any size.
+    /// `None` for a free dim: the variant serves any size in `min..=max`.
     pub size: Option<usize>,
+    /// Smallest size a free dim serves (1 unless bounded, e.g. `T = 2..` for prefill).
+    pub min: usize,
+    /// Largest size a free dim serves, if bounded.
+    pub max: Option<usize>,
+}
+
+impl Dim {
+    /// Whether this dim serves `n`.
+    pub fn admits(&self, n: usize) -> bool {
+        match self.size {
+            Some(s) => s == n,
+            None => n >= self.min && self.max.is_none_or(|m| n <= m),
+        }
+    }
+
+    /// A free dim with a bound other than the default `1..`.
+    pub fn is_bounded(&self) -> bool {
+        self.size.is_none() && (self.min > 1 || self.max.is_some())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -368,9 +385,11 @@ impl DType {
 
 impl fmt::Display for Dim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.size {
-            Some(n) => write!(f, "{}={}", self.name, n),
-            None => write!(f, "{}=*", self.name),
+        match (self.size, self.max) {
+            (Some(n), _) => write!(f, "{}={}", self.name, n),
+            (None, Some(max)) => write!(f, "{}={}..={}", self.name, self.min, max),
+            (None, None) if self.min > 1 => write!(f, "{}={}..", self.name, self.min),
+            (None, None) => write!(f, "{}=*", self.name),
         }
     }
 }

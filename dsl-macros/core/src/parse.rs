@@ -85,13 +85,20 @@ pub fn dims(input: ParseStream) -> syn::Result<Vec<DimDecl>> {
 impl Parse for DimDecl {
     fn parse(input: ParseStream) -> syn::Result<Self> {
         let name = input.parse()?;
-        let size = if input.peek(Token![=]) {
-            input.parse::<Token![=]>()?;
-            Some(input.parse()?)
-        } else {
-            None
-        };
-        Ok(DimDecl { name, size })
+        if !input.peek(Token![=]) {
+            return Ok(DimDecl { name, size: None, range: None });
+        }
+        input.parse::<Token![=]>()?;
+        let first: LitInt = input.parse()?;
+        if input.peek(Token![..=]) {
+            input.parse::<Token![..=]>()?;
+            return Ok(DimDecl { name, size: None, range: Some((first, Some(input.parse()?))) });
+        }
+        if input.peek(Token![..]) {
+            input.parse::<Token![..]>()?;
+            return Ok(DimDecl { name, size: None, range: Some((first, None)) });
+        }
+        Ok(DimDecl { name, size: Some(first), range: None })
     }
 }
 

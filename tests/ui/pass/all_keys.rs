@@ -1,4 +1,4 @@
-use moek_kernels::ir::{Capability, DimName, Phase, Selection, Target};
+use moek_kernels::ir::{Capability, DimName, Phase, Selection};
 use moek_kernels::kernel;
 
 kernel! {
@@ -7,7 +7,6 @@ kernel! {
         dims:            T = 1, R = 8, E = 128, H = 2816, F = 704;
         dtypes:          f16, bf16;
         targets:         cpu, spyre;
-        preferred:       cpu;
         select:          gather E by R;
         reduce:          H = 704 x 4, F = [320, 384];
         columns:         H = [1024, 1024, 768];
@@ -37,7 +36,6 @@ fn main() {
     assert_eq!(ir.reduce_blocks(DimName::H).unwrap().sizes, vec![704; 4]);
     assert_eq!(ir.column_blocks(DimName::H).unwrap().sizes, vec![1024, 1024, 768]);
     assert_eq!(ir.cores_for(Phase::Down)[1].parts, 2);
-    assert_eq!(ir.preferred, vec![Target::Cpu]);
     assert_eq!(ir.requires, vec![Capability::IndexedSelectionLayout, Capability::ReadCopyElision]);
     let p = prefill::entry().ir().clone();
     assert_eq!(p.schedule.persistent, Some(DimName::E));

@@ -1,0 +1,139 @@
+//! What blocking does to the numbers, measured and bounded; repeated routes; determinism across
+//! runs and thread counts; and proof that the harness catches wrong variants.
+
+use half::bf16;
+use moek_dsl::tolerance::{Deviation, tolerance};
+use moek_kernels::ir::{DType, Op, Target};
+use moek_kernels::registry::{CpuFns, KernelEntry};
+use moek_kernels::specs::*;
+use moek_kernels::testing::{Case, check_spec, fresh_seeds};
+use moek_kernels::{Inputs, Shape};
+
+const DECODE: Shape = Shape { t: 1, r: 8, e: 128, h: 2816, f: 704, v: 0 };
+
+fn run(f: moek_kernels::CpuFn<bf16>, case: &Case<bf16>, len: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; len];
+    f(&case.shape, &case.inputs(), &mut out);
+    out
+}
+
+fn diff(a: &[f32], b: &[f32]) -> Deviation {
+    let b: Vec<f64> = b.iter().map(|&x| f64::from(x)).collect();
+    Deviation::measure(a, &b)
+}
+
+/// Gate/up in 4 x 704 blocks vs one 2816-term sum: both accumulate in f32, so they differ by
+/// reassociation only, bounded by twice the f32 accumulation error (~sqrt(2816) * 2^-24 = 3e-6
+/// relative per sum; limit 1e-5 relative L2 and max abs).
+#[test]
+fn gate_up_blocking_changes_rounding_within_the_f32_accumulation_bound() {
+    let seed = fresh_seeds(1)[0];
+    let case = Case::<bf16>::new(Op::GateUp, DECODE, seed);
+    let blocked = run(decode_gate_up_h704x4::entry().cpu.bf16.unwrap(), &case, 8 * 704);
+    let plain = run(general_gate_up::entry().cpu.bf16.unwrap(), &case, 8 * 704);
+    let d = diff(&blocked, &plain);
+    println!("gate/up 704 x 4 vs unblocked (seed {seed}): {d}");
+    assert_eq!(d.non_finite, 0);
+    assert!(d.rel_l2 <= 1e-5 && d.max_abs_rel() <= 1e-5, "seed {seed}: {d}");
+    assert!(d.max_abs > 0.0, "blocking reassociates the sums: some bits must differ (seed {seed})");
+}
+
+/// Column blocks only cut the output: each column keeps its full, identically ordered reduction,
+/// so the results are bit-identical.
+#[test]
+fn down_column_blocks_do_not_change_a_bit() {
+    let case = Case::<bf16>::new(Op::Down, DECODE, fresh_seeds(1)[0]);
+    let blocked = run(decode_down_cols_1024_1024_768::entry().cpu.bf16.unwrap(), &case, 2816);
+    let plain = run(general_down::entry().cpu.bf16.unwrap(), &case, 2816);
+    assert!(blocked.iter().zip(&plain).all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+/// The whole blocked decode FFN against the unblocked one, bounded as gate/up (down adds no
+/// reassociation; the activation difference propagates through a 704-term sum).
+#[test]
+fn blocked_decode_ffn_vs_unblocked_is_bounded() {
+    let seed = fresh_seeds(1)[0];
+    let case = Case::<bf16>::new(Op::ExpertFfn, DECODE, seed);
+    let blocked = run(decode_expert_ffn_blocked::entry().cpu.bf16.unwrap(), &case, 2816);
+    let plain = run(general_expert_ffn_gather::entry().cpu.bf16.unwrap(), &case, 2816);
+    let d = diff(&blocked, &plain);
+    println!("decode FFN blocked vs unblocked (seed {seed}): {d}");
+    assert!(d.non_finite == 0 && d.rel_l2 <= 1e-5, "seed {seed}: {d}");
+}
+
+/// A token may route to the same expert twice: every variant must count both routes.
+#[test]
+fn repeated_route_indices_count_twice_in_every_variant() {
+    let shape = Shape { t: 512, ..DECODE };
+    let mut case = Case::<bf16>::new(Op::ExpertFfn, shape, fresh_seeds(1)[0]);
+    for t in 0..shape.t {
+        case.idx[t * 8 + 1] = case.idx[t * 8];
+        case.idx[t * 8 + 7] = case.idx[t * 8];
+    }
+    for entry in [prefill_expert_ffn_persistent::entry(), prefill_expert_ffn_grouped::entry()] {
+        let out = run(entry.cpu.bf16.unwrap(), &case, shape.t * shape.h);
+        let (dev, _) = case.compare(&out, None, 11);
+        assert!(dev.within(tolerance(DType::Bf16)), "{}: {dev}", entry.name());
+    }
+    let mut one = Case::<bf16>::new(Op::ExpertFfn, DECODE, fresh_seeds(1)[0]);
+    one.idx = vec![5; 8];
+    let out = run(decode_expert_ffn_blocked::entry().cpu.bf16.unwrap(), &one, 2816);
+    let (dev, _) = one.compare(&out, None, 1);
+    assert!(dev.within(tolerance(DType::Bf16)), "decode: {dev}");
+}
+
+/// The declared order fixes every sum: results are bit-identical across runs and thread counts.
+#[test]
+fn results_are_identical_across_runs_and_thread_counts() {
+    let shape = Shape { t: 64, ..DECODE };
+    let case = Case::<bf16>::new(Op::ExpertFfn, shape, fresh_seeds(1)[0]);
+    for entry in [prefill_expert_ffn_grouped::entry(), prefill_expert_ffn_grouped::entry(), general_expert_ffn_gather::entry()] {
+        let f = entry.cpu.bf16.unwrap();
+        let runs: Vec<Vec<f32>> = [1, 2, 3, 2]
+            .iter()
+            .map(|&threads| {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                pool.install(|| run(f, &case, shape.t * shape.h))
+            })
+            .collect();
+        for r in &runs[1..] {
+            assert!(r.iter().zip(&runs[0]).all(|(a, b)| a.to_bits() == b.to_bits()), "{}", entry.name());
+        }
+    }
+}
+
+/// A variant that leaves one element unwritten (the poisoned NaN stays) fails the harness.
+#[test]
+#[should_panic(expected = "1 non-finite")]
+fn the_harness_fails_an_unwritten_element() {
+    fn skips_last(s: &Shape, i: &Inputs<'_, f32>, out: &mut [f32]) -> Option<u32> {
+        let n = out.len();
+        let mut full = vec![0f32; n];
+        general_down::cpu(s, i, &mut full);
+        out[..n - 1].copy_from_slice(&full[..n - 1]);
+        None
+    }
+    let entry = KernelEntry::new(general_down::IR_JSON, CpuFns { f32: Some(skips_last), ..CpuFns::NONE });
+    check_spec(&entry, Target::Cpu, DType::F32);
+}
+
+/// A variant that drops the route weights is far outside the tolerance.
+#[test]
+#[should_panic(expected = "reproduce with seed")]
+fn the_harness_fails_a_wrong_combine() {
+    fn unweighted(s: &Shape, i: &Inputs<'_, f32>, out: &mut [f32]) -> Option<u32> {
+        let Inputs::Down { act, idx, down, .. } = *i else { unreachable!() };
+        let ones = vec![1.0f32; idx.len()];
+        general_down::cpu(s, &Inputs::Down { act, idx, weights: &ones, down }, out)
+    }
+    let entry = KernelEntry::new(general_down::IR_JSON, CpuFns { f32: Some(unweighted), ..CpuFns::NONE });
+    check_spec(&entry, Target::Cpu, DType::F32);
+}
+
+#[test]
+fn nan_never_passes() {
+    let d = Deviation::measure(&[1.0, f32::NAN], &[1.0, 2.0]);
+    assert!(!d.within(tolerance(DType::Bf16)));
+    let d = Deviation::measure(&[1.0, f32::INFINITY], &[1.0, 2.0]);
+    assert!(!d.within(tolerance(DType::Bf16)));
+}
