@@ -28,7 +28,10 @@ impl Backend {
     pub fn cpu() -> Backend {
         Backend {
             target: Target::Cpu,
-            capabilities: vec![Capability::IndexedSelectionLayout, Capability::ReadCopyElision],
+            capabilities: vec![
+                Capability::IndexedSelectionLayout,
+                Capability::ReadCopyElision,
+            ],
         }
     }
 
@@ -159,10 +162,21 @@ pub fn eligible(
         let got = dim_size(shape, d.name);
         if !d.admits(got) {
             return Err(match d.size {
-                Some(fixed) => Ineligible::Dim { dim: d.name, fixed, got },
+                Some(fixed) => Ineligible::Dim {
+                    dim: d.name,
+                    fixed,
+                    got,
+                },
                 None => {
-                    let range = d.to_string().split_once('=').map_or(String::new(), |(_, r)| r.to_string());
-                    Ineligible::Range { dim: d.name, range, got }
+                    let range = d
+                        .to_string()
+                        .split_once('=')
+                        .map_or(String::new(), |(_, r)| r.to_string());
+                    Ineligible::Range {
+                        dim: d.name,
+                        range,
+                        got,
+                    }
                 }
             });
         }

@@ -37,7 +37,9 @@ pub const SAMPLE_ROWS: usize = 6;
 pub fn check_spec(entry: &KernelEntry, target: Target, dtype: DType) {
     let k = entry.ir();
     let mut shapes = vec![shape_for(k, &SMALL)];
-    if k.dim(DimName::T).is_some_and(|d| d.size.is_none() && d.admits(1)) {
+    if k.dim(DimName::T)
+        .is_some_and(|d| d.size.is_none() && d.admits(1))
+    {
         shapes.push(shape_for(k, &Shape { t: 1, ..SMALL }));
     }
     for shape in shapes {
@@ -55,7 +57,9 @@ pub fn check_spec(entry: &KernelEntry, target: Target, dtype: DType) {
 /// The problem a spec runs on: its fixed sizes, and `free`'s for its free dims.
 pub fn shape_for(k: &Kernel, free: &Shape) -> Shape {
     let pick = |d: DimName, dflt: usize| match k.dim(d) {
-        Some(dim) => dim.size.unwrap_or_else(|| dflt.max(dim.min).min(dim.max.unwrap_or(usize::MAX))),
+        Some(dim) => dim
+            .size
+            .unwrap_or_else(|| dflt.max(dim.min).min(dim.max.unwrap_or(usize::MAX))),
         None => dflt,
     };
     let has = |d: DimName| k.op.dims().contains(&d);

@@ -1,1 +1,57 @@
-fn main() {}
+//! `moek`: list, emit, check and benchmark the kernel specs (and, as it lands, run Gemma-4).
+
+use clap::{Parser, Subcommand};
+use moek_model::commands;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "moek",
+    version,
+    about = "Declared MoE kernels: list, emit, check, bench"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print every spec, one per line: name, op, dims, dtypes, targets, schedule.
+    List,
+    /// Print the source a backend's emitter generates for one spec.
+    Emit {
+        /// The spec's name (see `moek list`).
+        name: String,
+        #[arg(long, value_enum, default_value_t = commands::emit::EmitBackend::Cpu)]
+        backend: commands::emit::EmitBackend,
+    },
+    /// Run every spec's variants at their real size against the f64 reference.
+    Check {
+        /// Fail unless these backends run (e.g. `--require cpu`).
+        #[arg(long, value_delimiter = ',')]
+        require: Vec<String>,
+        /// Only specs whose name contains this.
+        #[arg(long)]
+        filter: Option<String>,
+    },
+    /// Measure decode bandwidth and prefill throughput against this machine's floors.
+    Bench(commands::bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::List => commands::list::run(),
+        Command::Emit { name, backend } => commands::emit::run(&name, backend),
+        Command::Check { require, filter } => commands::check::run(&require, filter.as_deref()),
+        Command::Bench(args) => commands::bench::run(&args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -6,11 +6,19 @@ use moek_kernels::ir::{Capability, DType, Op};
 use moek_kernels::testing::Case;
 use moek_kernels::{Shape, specs};
 
-const DECODE: Shape = Shape { t: 1, r: 8, e: 128, h: 2816, f: 704, v: 0 };
+const DECODE: Shape = Shape {
+    t: 1,
+    r: 8,
+    e: 128,
+    h: 2816,
+    f: 704,
+    v: 0,
+};
 const PREFILL: Shape = Shape { t: 512, ..DECODE };
 
 fn choose(op: Op, dtype: DType, shape: &Shape) -> dispatch::Choice {
-    dispatch::choose(specs::all(), &Backend::cpu(), op, dtype, shape, None).expect("some variant is eligible")
+    dispatch::choose(specs::all(), &Backend::cpu(), op, dtype, shape, None)
+        .expect("some variant is eligible")
 }
 
 #[test]
@@ -18,47 +26,115 @@ fn decode_takes_the_blocked_seed_variants() {
     let c = choose(Op::ExpertFfn, DType::Bf16, &DECODE);
     assert_eq!(c.kernel, "decode_expert_ffn_blocked");
     assert!(c.why.starts_with("most specific"), "{}", c.why);
-    assert_eq!(choose(Op::GateUp, DType::F16, &DECODE).kernel, "decode_gate_up_h704x4");
-    assert_eq!(choose(Op::Down, DType::Bf16, &DECODE).kernel, "decode_down_cols_1024_1024_768");
+    assert_eq!(
+        choose(Op::GateUp, DType::F16, &DECODE).kernel,
+        "decode_gate_up_h704x4"
+    );
+    assert_eq!(
+        choose(Op::Down, DType::Bf16, &DECODE).kernel,
+        "decode_down_cols_1024_1024_768"
+    );
 }
 
 #[test]
 fn prefill_on_the_cpu_takes_the_grouped_variant_and_says_why() {
     let c = choose(Op::ExpertFfn, DType::Bf16, &PREFILL);
     assert_eq!(c.kernel, "prefill_expert_ffn_grouped");
-    assert!(c.why.starts_with("most specific eligible (4 fixed dims, 1 bounded"), "{}", c.why);
-    let persistent = c.passed_over.iter().find(|(n, _)| n == "prefill_expert_ffn_persistent").expect("recorded");
-    assert_eq!(persistent.1, "it requires capability `lx_completed_sum`, which the cpu backend lacks");
+    assert!(
+        c.why
+            .starts_with("most specific eligible (4 fixed dims, 1 bounded"),
+        "{}",
+        c.why
+    );
+    let persistent = c
+        .passed_over
+        .iter()
+        .find(|(n, _)| n == "prefill_expert_ffn_persistent")
+        .expect("recorded");
+    assert_eq!(
+        persistent.1,
+        "it requires capability `lx_completed_sum`, which the cpu backend lacks"
+    );
     // Any prompt length, not only 512.
-    assert_eq!(choose(Op::ExpertFfn, DType::Bf16, &Shape { t: 77, ..DECODE }).kernel, "prefill_expert_ffn_grouped");
+    assert_eq!(
+        choose(Op::ExpertFfn, DType::Bf16, &Shape { t: 77, ..DECODE }).kernel,
+        "prefill_expert_ffn_grouped"
+    );
 }
 
 #[test]
 fn other_sizes_and_dtypes_fall_back_to_general_variants_with_reasons() {
     let c = choose(Op::ExpertFfn, DType::F32, &DECODE);
     assert_eq!(c.kernel, "general_expert_ffn_gather");
-    let blocked = c.passed_over.iter().find(|(n, _)| n == "decode_expert_ffn_blocked").unwrap();
+    let blocked = c
+        .passed_over
+        .iter()
+        .find(|(n, _)| n == "decode_expert_ffn_blocked")
+        .unwrap();
     assert_eq!(blocked.1, "it has no f32 variant (dtypes: f16, bf16)");
-    let grouped = c.passed_over.iter().find(|(n, _)| n == "prefill_expert_ffn_grouped").unwrap();
+    let grouped = c
+        .passed_over
+        .iter()
+        .find(|(n, _)| n == "prefill_expert_ffn_grouped")
+        .unwrap();
     assert_eq!(grouped.1, "it serves T in 2.., the problem has T=1");
-    let small = Shape { t: 1, r: 4, e: 16, h: 256, f: 64, v: 0 };
+    let small = Shape {
+        t: 1,
+        r: 4,
+        e: 16,
+        h: 256,
+        f: 64,
+        v: 0,
+    };
     let c = choose(Op::GateUp, DType::Bf16, &small);
     assert_eq!(c.kernel, "general_gate_up");
-    assert!(c.passed_over.iter().any(|(_, why)| why == "it is fixed at R=8, the problem has R=4"), "{c}");
+    assert!(
+        c.passed_over
+            .iter()
+            .any(|(_, why)| why == "it is fixed at R=8, the problem has R=4"),
+        "{c}"
+    );
 }
 
 #[test]
 fn a_missing_capability_falls_back_and_is_recorded() {
     let backend = Backend::cpu().without(Capability::IndexedSelectionLayout);
-    let c = dispatch::choose(specs::all(), &backend, Op::ExpertFfn, DType::Bf16, &DECODE, None).unwrap();
+    let c = dispatch::choose(
+        specs::all(),
+        &backend,
+        Op::ExpertFfn,
+        DType::Bf16,
+        &DECODE,
+        None,
+    )
+    .unwrap();
     assert_eq!(c.kernel, "general_expert_ffn_gather");
-    let why = &c.passed_over.iter().find(|(n, _)| n == "decode_expert_ffn_blocked").unwrap().1;
-    assert_eq!(why, "it requires capability `indexed_selection_layout`, which the cpu backend lacks");
+    let why = &c
+        .passed_over
+        .iter()
+        .find(|(n, _)| n == "decode_expert_ffn_blocked")
+        .unwrap()
+        .1;
+    assert_eq!(
+        why,
+        "it requires capability `indexed_selection_layout`, which the cpu backend lacks"
+    );
 }
 
 #[test]
 fn an_explicit_ineligible_request_fails_before_writing_anything() {
-    let case = Case::<half::f16>::new(Op::ExpertFfn, Shape { t: 2, r: 2, e: 4, h: 64, f: 32, v: 0 }, 7);
+    let case = Case::<half::f16>::new(
+        Op::ExpertFfn,
+        Shape {
+            t: 2,
+            r: 2,
+            e: 4,
+            h: 64,
+            f: 32,
+            v: 0,
+        },
+        7,
+    );
     let mut out = vec![f32::NAN; 2 * 64];
     let err = dispatch::run(
         specs::all(),
@@ -73,39 +149,97 @@ fn an_explicit_ineligible_request_fails_before_writing_anything() {
         err,
         DispatchError::Requested {
             name: "decode_expert_ffn_blocked".into(),
-            reason: Ineligible::Dim { dim: moek_kernels::ir::DimName::T, fixed: 1, got: 2 }
+            reason: Ineligible::Dim {
+                dim: moek_kernels::ir::DimName::T,
+                fixed: 1,
+                got: 2
+            }
         }
     );
-    assert!(out.iter().all(|v| v.is_nan()), "nothing may be written before the request is refused");
-    let err = dispatch::choose(specs::all(), &Backend::cpu(), Op::ExpertFfn, DType::F16, &case.shape, Some("nope"));
+    assert!(
+        out.iter().all(|v| v.is_nan()),
+        "nothing may be written before the request is refused"
+    );
+    let err = dispatch::choose(
+        specs::all(),
+        &Backend::cpu(),
+        Op::ExpertFfn,
+        DType::F16,
+        &case.shape,
+        Some("nope"),
+    );
     assert!(matches!(err, Err(DispatchError::Unknown { .. })));
 }
 
 #[test]
 fn bad_inputs_are_typed_errors_naming_the_tensor() {
-    let shape = Shape { t: 2, r: 2, e: 4, h: 64, f: 32, v: 0 };
+    let shape = Shape {
+        t: 2,
+        r: 2,
+        e: 4,
+        h: 64,
+        f: 32,
+        v: 0,
+    };
     let mut case = Case::<f32>::new(Op::ExpertFfn, shape, 1);
     case.w2.pop();
     let mut out = vec![f32::NAN; 2 * 64];
-    let err = dispatch::run(specs::all(), &Backend::cpu(), &shape, &case.inputs(), &mut out, None).unwrap_err();
+    let err = dispatch::run(
+        specs::all(),
+        &Backend::cpu(),
+        &shape,
+        &case.inputs(),
+        &mut out,
+        None,
+    )
+    .unwrap_err();
     assert_eq!(
         err.to_string(),
         "tensor `down` has 8191 elements; expected 8192 for T=2 R=2 E=4 H=64 F=32"
     );
     let mut case = Case::<f32>::new(Op::ExpertFfn, shape, 1);
     case.idx[3] = 4;
-    let err = dispatch::run(specs::all(), &Backend::cpu(), &shape, &case.inputs(), &mut out, None).unwrap_err();
-    assert_eq!(err.to_string(), "route index 4 at slot 3 of `idx` is out of range for E = 4");
+    let err = dispatch::run(
+        specs::all(),
+        &Backend::cpu(),
+        &shape,
+        &case.inputs(),
+        &mut out,
+        None,
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "route index 4 at slot 3 of `idx` is out of range for E = 4"
+    );
     assert!(out.iter().all(|v| v.is_nan()));
 }
 
 #[test]
 fn the_dispatched_variant_runs_and_matches_the_reference() {
-    let shape = Shape { t: 3, r: 2, e: 5, h: 96, f: 40, v: 0 };
+    let shape = Shape {
+        t: 3,
+        r: 2,
+        e: 5,
+        h: 96,
+        f: 40,
+        v: 0,
+    };
     let case = Case::<half::bf16>::new(Op::ExpertFfn, shape, 3);
     let mut out = vec![f32::NAN; 3 * 96];
-    let (choice, _) = dispatch::run(specs::all(), &Backend::cpu(), &shape, &case.inputs(), &mut out, None).unwrap();
+    let (choice, _) = dispatch::run(
+        specs::all(),
+        &Backend::cpu(),
+        &shape,
+        &case.inputs(),
+        &mut out,
+        None,
+    )
+    .unwrap();
     assert_eq!(choice.kernel, "general_expert_ffn_grouped");
     let (dev, _) = case.compare(&out, None, 3);
-    assert!(dev.within(moek_dsl::tolerance::tolerance(DType::Bf16)), "{dev}");
+    assert!(
+        dev.within(moek_dsl::tolerance::tolerance(DType::Bf16)),
+        "{dev}"
+    );
 }

@@ -9,7 +9,14 @@ use moek_kernels::specs::*;
 use moek_kernels::testing::{Case, check_spec, fresh_seeds};
 use moek_kernels::{Inputs, Shape};
 
-const DECODE: Shape = Shape { t: 1, r: 8, e: 128, h: 2816, f: 704, v: 0 };
+const DECODE: Shape = Shape {
+    t: 1,
+    r: 8,
+    e: 128,
+    h: 2816,
+    f: 704,
+    v: 0,
+};
 
 fn run(f: moek_kernels::CpuFn<bf16>, case: &Case<bf16>, len: usize) -> Vec<f32> {
     let mut out = vec![f32::NAN; len];
@@ -29,13 +36,23 @@ fn diff(a: &[f32], b: &[f32]) -> Deviation {
 fn gate_up_blocking_changes_rounding_within_the_f32_accumulation_bound() {
     let seed = fresh_seeds(1)[0];
     let case = Case::<bf16>::new(Op::GateUp, DECODE, seed);
-    let blocked = run(decode_gate_up_h704x4::entry().cpu.bf16.unwrap(), &case, 8 * 704);
+    let blocked = run(
+        decode_gate_up_h704x4::entry().cpu.bf16.unwrap(),
+        &case,
+        8 * 704,
+    );
     let plain = run(general_gate_up::entry().cpu.bf16.unwrap(), &case, 8 * 704);
     let d = diff(&blocked, &plain);
     println!("gate/up 704 x 4 vs unblocked (seed {seed}): {d}");
     assert_eq!(d.non_finite, 0);
-    assert!(d.rel_l2 <= 1e-5 && d.max_abs_rel() <= 1e-5, "seed {seed}: {d}");
-    assert!(d.max_abs > 0.0, "blocking reassociates the sums: some bits must differ (seed {seed})");
+    assert!(
+        d.rel_l2 <= 1e-5 && d.max_abs_rel() <= 1e-5,
+        "seed {seed}: {d}"
+    );
+    assert!(
+        d.max_abs > 0.0,
+        "blocking reassociates the sums: some bits must differ (seed {seed})"
+    );
 }
 
 /// Column blocks only cut the output: each column keeps its full, identically ordered reduction,
@@ -43,9 +60,18 @@ fn gate_up_blocking_changes_rounding_within_the_f32_accumulation_bound() {
 #[test]
 fn down_column_blocks_do_not_change_a_bit() {
     let case = Case::<bf16>::new(Op::Down, DECODE, fresh_seeds(1)[0]);
-    let blocked = run(decode_down_cols_1024_1024_768::entry().cpu.bf16.unwrap(), &case, 2816);
+    let blocked = run(
+        decode_down_cols_1024_1024_768::entry().cpu.bf16.unwrap(),
+        &case,
+        2816,
+    );
     let plain = run(general_down::entry().cpu.bf16.unwrap(), &case, 2816);
-    assert!(blocked.iter().zip(&plain).all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(
+        blocked
+            .iter()
+            .zip(&plain)
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+    );
 }
 
 /// The whole blocked decode FFN against the unblocked one, bounded as gate/up (down adds no
@@ -54,8 +80,16 @@ fn down_column_blocks_do_not_change_a_bit() {
 fn blocked_decode_ffn_vs_unblocked_is_bounded() {
     let seed = fresh_seeds(1)[0];
     let case = Case::<bf16>::new(Op::ExpertFfn, DECODE, seed);
-    let blocked = run(decode_expert_ffn_blocked::entry().cpu.bf16.unwrap(), &case, 2816);
-    let plain = run(general_expert_ffn_gather::entry().cpu.bf16.unwrap(), &case, 2816);
+    let blocked = run(
+        decode_expert_ffn_blocked::entry().cpu.bf16.unwrap(),
+        &case,
+        2816,
+    );
+    let plain = run(
+        general_expert_ffn_gather::entry().cpu.bf16.unwrap(),
+        &case,
+        2816,
+    );
     let d = diff(&blocked, &plain);
     println!("decode FFN blocked vs unblocked (seed {seed}): {d}");
     assert!(d.non_finite == 0 && d.rel_l2 <= 1e-5, "seed {seed}: {d}");
@@ -70,14 +104,25 @@ fn repeated_route_indices_count_twice_in_every_variant() {
         case.idx[t * 8 + 1] = case.idx[t * 8];
         case.idx[t * 8 + 7] = case.idx[t * 8];
     }
-    for entry in [prefill_expert_ffn_persistent::entry(), prefill_expert_ffn_grouped::entry()] {
+    for entry in [
+        prefill_expert_ffn_persistent::entry(),
+        prefill_expert_ffn_grouped::entry(),
+    ] {
         let out = run(entry.cpu.bf16.unwrap(), &case, shape.t * shape.h);
         let (dev, _) = case.compare(&out, None, 11);
-        assert!(dev.within(tolerance(DType::Bf16)), "{}: {dev}", entry.name());
+        assert!(
+            dev.within(tolerance(DType::Bf16)),
+            "{}: {dev}",
+            entry.name()
+        );
     }
     let mut one = Case::<bf16>::new(Op::ExpertFfn, DECODE, fresh_seeds(1)[0]);
     one.idx = vec![5; 8];
-    let out = run(decode_expert_ffn_blocked::entry().cpu.bf16.unwrap(), &one, 2816);
+    let out = run(
+        decode_expert_ffn_blocked::entry().cpu.bf16.unwrap(),
+        &one,
+        2816,
+    );
     let (dev, _) = one.compare(&out, None, 1);
     assert!(dev.within(tolerance(DType::Bf16)), "decode: {dev}");
 }
@@ -87,17 +132,30 @@ fn repeated_route_indices_count_twice_in_every_variant() {
 fn results_are_identical_across_runs_and_thread_counts() {
     let shape = Shape { t: 64, ..DECODE };
     let case = Case::<bf16>::new(Op::ExpertFfn, shape, fresh_seeds(1)[0]);
-    for entry in [prefill_expert_ffn_grouped::entry(), prefill_expert_ffn_grouped::entry(), general_expert_ffn_gather::entry()] {
+    for entry in [
+        prefill_expert_ffn_grouped::entry(),
+        prefill_expert_ffn_grouped::entry(),
+        general_expert_ffn_gather::entry(),
+    ] {
         let f = entry.cpu.bf16.unwrap();
         let runs: Vec<Vec<f32>> = [1, 2, 3, 2]
             .iter()
             .map(|&threads| {
-                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
                 pool.install(|| run(f, &case, shape.t * shape.h))
             })
             .collect();
         for r in &runs[1..] {
-            assert!(r.iter().zip(&runs[0]).all(|(a, b)| a.to_bits() == b.to_bits()), "{}", entry.name());
+            assert!(
+                r.iter()
+                    .zip(&runs[0])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{}",
+                entry.name()
+            );
         }
     }
 }
@@ -113,7 +171,13 @@ fn the_harness_fails_an_unwritten_element() {
         out[..n - 1].copy_from_slice(&full[..n - 1]);
         None
     }
-    let entry = KernelEntry::new(general_down::IR_JSON, CpuFns { f32: Some(skips_last), ..CpuFns::NONE });
+    let entry = KernelEntry::new(
+        general_down::IR_JSON,
+        CpuFns {
+            f32: Some(skips_last),
+            ..CpuFns::NONE
+        },
+    );
     check_spec(&entry, Target::Cpu, DType::F32);
 }
 
@@ -122,11 +186,28 @@ fn the_harness_fails_an_unwritten_element() {
 #[should_panic(expected = "reproduce with seed")]
 fn the_harness_fails_a_wrong_combine() {
     fn unweighted(s: &Shape, i: &Inputs<'_, f32>, out: &mut [f32]) -> Option<u32> {
-        let Inputs::Down { act, idx, down, .. } = *i else { unreachable!() };
+        let Inputs::Down { act, idx, down, .. } = *i else {
+            unreachable!()
+        };
         let ones = vec![1.0f32; idx.len()];
-        general_down::cpu(s, &Inputs::Down { act, idx, weights: &ones, down }, out)
+        general_down::cpu(
+            s,
+            &Inputs::Down {
+                act,
+                idx,
+                weights: &ones,
+                down,
+            },
+            out,
+        )
     }
-    let entry = KernelEntry::new(general_down::IR_JSON, CpuFns { f32: Some(unweighted), ..CpuFns::NONE });
+    let entry = KernelEntry::new(
+        general_down::IR_JSON,
+        CpuFns {
+            f32: Some(unweighted),
+            ..CpuFns::NONE
+        },
+    );
     check_spec(&entry, Target::Cpu, DType::F32);
 }
 

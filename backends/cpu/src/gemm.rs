@@ -43,10 +43,14 @@ pub fn gemm_nt<W: Element>(
     for j0 in (0..n).step_by(TILE) {
         let nj = TILE.min(n - j0);
         let boff = row(ldb, j0, nj);
+        // While the first tile of this panel runs, the next panel of `b` (the weights, streamed
+        // from memory once) is prefetched, one cache line per row per k-step.
+        let next = (j0 + TILE < n).then(|| row(ldb, j0 + TILE, TILE.min(n - j0 - TILE)));
         for i0 in (0..m).step_by(TILE) {
             let mi = TILE.min(m - i0);
             let aoff = row(lda, i0, mi);
-            let tile = tile4x4(a, aoff, b, boff, k);
+            let prefetch = if i0 == 0 { next } else { None };
+            let tile = tile4x4(a, aoff, b, boff, prefetch, k);
             for ti in 0..mi {
                 let crow = &mut c[(i0 + ti) * ldc + j0..][..nj];
                 for tj in 0..nj {
@@ -63,6 +67,7 @@ fn tile4x4<W: Element>(
     aoff: [usize; TILE],
     b: &[W],
     boff: [usize; TILE],
+    prefetch: Option<[usize; TILE]>,
     k: usize,
 ) -> [[f32; TILE]; TILE] {
     match isa() {
@@ -76,17 +81,20 @@ fn tile4x4<W: Element>(
                         avx512::bf16_tile(
                             aoff.map(|o| a[o..].as_ptr()),
                             boff.map(|o| b[o..].as_ptr()),
+                            prefetch.map(|p| p.map(|o| b[o..].as_ptr())),
                             k,
                         )
                     }
                     Kind::F16 => avx512::fma_tile::<{ crate::dot::avx512::F16 }>(
                         aoff.map(|o| a[o..].as_ptr().cast()),
                         boff.map(|o| b[o..].as_ptr().cast()),
+                        prefetch.map(|p| p.map(|o| b[o..].as_ptr().cast())),
                         k,
                     ),
                     Kind::F32 => avx512::fma_tile::<{ crate::dot::avx512::F32 }>(
                         aoff.map(|o| a[o..].as_ptr().cast()),
                         boff.map(|o| b[o..].as_ptr().cast()),
+                        prefetch.map(|p| p.map(|o| b[o..].as_ptr().cast())),
                         k,
                     ),
                 }
@@ -106,6 +114,7 @@ mod avx512 {
     pub unsafe fn bf16_tile(
         a: [*const u16; TILE],
         b: [*const u16; TILE],
+        prefetch: Option<[*const u16; TILE]>,
         k: usize,
     ) -> [[f32; TILE]; TILE] {
         let mut acc = [[_mm512_setzero_ps(); TILE]; TILE];
@@ -117,8 +126,13 @@ mod avx512 {
             } else {
                 (1u32 << len) - 1
             };
-            // SAFETY: `len` elements remain in every row from `p`.
+            // SAFETY: `len` elements remain in every row from `p` (prefetched rows too).
             unsafe {
+                if let Some(next) = prefetch {
+                    for r in next {
+                        _mm_prefetch::<_MM_HINT_T0>(r.add(p).cast::<i8>());
+                    }
+                }
                 let bv: [__m512bh; TILE] = b.map(|r| {
                     std::mem::transmute(_mm512_maskz_loadu_epi16(m, r.add(p).cast::<i16>()))
                 });
@@ -139,6 +153,7 @@ mod avx512 {
     pub unsafe fn fma_tile<const K: u8>(
         a: [*const u8; TILE],
         b: [*const u8; TILE],
+        prefetch: Option<[*const u8; TILE]>,
         k: usize,
     ) -> [[f32; TILE]; TILE] {
         let s = size_of_kind(K);
@@ -148,6 +163,11 @@ mod avx512 {
             let len = 16.min(k - p);
             // SAFETY: `len` elements remain in every row from `p`.
             unsafe {
+                if let Some(next) = prefetch {
+                    for r in next {
+                        _mm_prefetch::<_MM_HINT_T0>(r.add(p * s).cast::<i8>());
+                    }
+                }
                 let bv: [__m512; TILE] = b.map(|r| load16::<K>(r.add(p * s), len));
                 for i in 0..TILE {
                     let av = load16::<K>(a[i].add(p * s), len);

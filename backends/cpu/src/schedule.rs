@@ -114,8 +114,9 @@ impl SharedOut<'_> {
 
 /// `out[j - rows.start] = sum over segs (in order) of x[seg] . mat[j*ld + seg]` for `j` in `rows`.
 ///
-/// Each segment's partial is a complete dot product added to the running sum in declared order,
-/// four rows at a time so `x` is read once per four rows.
+/// Each segment's partial is a complete dot product added to the running sum in declared order.
+/// Rows go four at a time (x is read once per four rows), each row's segments in turn, so the
+/// matrix is read front to back.
 pub fn matvec_segments<A: Element, W: Element>(
     x: &[A],
     mat: &[W],
@@ -125,22 +126,22 @@ pub fn matvec_segments<A: Element, W: Element>(
     out: &mut [f32],
 ) {
     assert_eq!(out.len(), rows.len(), "matvec output length");
-    out.fill(0.0);
-    for &(s, e) in segs {
-        let xs = &x[s..e];
-        let mut j = rows.start;
-        while j < rows.end {
-            let n = 4.min(rows.end - j);
+    let mut j = rows.start;
+    while j < rows.end {
+        let n = 4.min(rows.end - j);
+        let mut sum = [0f32; 4];
+        for &(s, e) in segs {
             let r: [&[W]; 4] = std::array::from_fn(|q| {
                 let row = j + q.min(n - 1);
                 &mat[row * ld + s..row * ld + e]
             });
-            let d = dotn::<A, W, 4>(xs, r);
-            for q in 0..n {
-                out[j - rows.start + q] += d[q];
+            let d = dotn::<A, W, 4>(&x[s..e], r);
+            for q in 0..4 {
+                sum[q] += d[q];
             }
-            j += n;
         }
+        out[j - rows.start..j - rows.start + n].copy_from_slice(&sum[..n]);
+        j += n;
     }
 }
 

@@ -15,17 +15,8 @@ use syn::{Ident, LitInt};
 
 /// Every key a spec may use, in the order docs/dsl.md documents them.
 pub const KEYS: &[&str] = &[
-    "dims",
-    "dtypes",
-    "targets",
-    "select",
-    "reduce",
-    "columns",
-    "cores",
-    "groups",
-    "loop",
-    "stream",
-    "requires",
+    "dims", "dtypes", "targets", "select", "reduce", "columns", "cores", "groups", "loop",
+    "stream", "requires",
 ];
 
 /// Validates one spec. All errors are collected; the IR is returned only when there are none.
@@ -303,18 +294,28 @@ impl Checker {
             }
             let (mut min, mut max) = (1, None);
             if let Some((lo, hi)) = &decl.range {
-                let Some(lo_n) = self.positive(lo, &what) else { continue };
+                let Some(lo_n) = self.positive(lo, &what) else {
+                    continue;
+                };
                 min = lo_n;
                 if let Some(hi) = hi {
-                    let Some(hi_n) = self.positive(hi, &what) else { continue };
+                    let Some(hi_n) = self.positive(hi, &what) else {
+                        continue;
+                    };
                     if hi_n < lo_n {
-                        self.errors.push(hi.span(), format!("{what} range {lo_n}..={hi_n} is empty"));
+                        self.errors
+                            .push(hi.span(), format!("{what} range {lo_n}..={hi_n} is empty"));
                         continue;
                     }
                     max = Some(hi_n);
                 }
             }
-            found.push(Dim { name: dim, size, min, max });
+            found.push(Dim {
+                name: dim,
+                size,
+                min,
+                max,
+            });
         }
         let missing: Vec<&str> = op
             .dims()
@@ -552,10 +553,16 @@ impl Checker {
             let can_split = splittable(op, select, *phase);
             for (ident, lit) in decl.dims.iter().zip(&decl.parts) {
                 let name = ident.to_string();
-                if let Some(dim) = DimName::from_name(&name).filter(|d| op.dims().contains(d) && !can_split.contains(d)) {
+                if let Some(dim) = DimName::from_name(&name)
+                    .filter(|d| op.dims().contains(d) && !can_split.contains(d))
+                {
                     self.errors.push(
                         ident.span(),
-                        format!("`{op}` cannot split `{dim}` across cores{}; splittable: {}", phase_suffix(*phase), join(&can_split)),
+                        format!(
+                            "`{op}` cannot split `{dim}` across cores{}; splittable: {}",
+                            phase_suffix(*phase),
+                            join(&can_split)
+                        ),
                     );
                     ok = false;
                     continue;
@@ -747,10 +754,10 @@ impl Checker {
             .filter(|d| d.size.is_none())
             .map(|d| d.name.to_string())
             .collect();
-        if !free.is_empty() {
+        for decl in p.dims.iter().flatten().filter(|d| d.size.is_none()) {
             self.errors.push(
-                spec.name.span(),
-                format!("spyre programs are fixed at macro time, but dims {} are free: fix them or drop `spyre`", free.join(", ")),
+                decl.name.span(),
+                format!("spyre programs are fixed at macro time, but `{}` is free: fix its size or drop `spyre`", decl.name),
             );
         }
         if k.schedule.select == Selection::Grouped {
@@ -891,7 +898,11 @@ fn splittable(op: Op, select: Selection, phase: Phase) -> Vec<DimName> {
         }
     };
     match (op.has_phases(), phase) {
-        (true, Phase::All) => of(Phase::GateUp).iter().copied().filter(|d| of(Phase::Down).contains(d)).collect(),
+        (true, Phase::All) => of(Phase::GateUp)
+            .iter()
+            .copied()
+            .filter(|d| of(Phase::Down).contains(d))
+            .collect(),
         _ => of(phase).to_vec(),
     }
 }

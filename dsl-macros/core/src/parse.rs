@@ -86,19 +86,35 @@ impl Parse for DimDecl {
     fn parse(input: ParseStream) -> syn::Result<Self> {
         let name = input.parse()?;
         if !input.peek(Token![=]) {
-            return Ok(DimDecl { name, size: None, range: None });
+            return Ok(DimDecl {
+                name,
+                size: None,
+                range: None,
+            });
         }
         input.parse::<Token![=]>()?;
         let first: LitInt = input.parse()?;
         if input.peek(Token![..=]) {
             input.parse::<Token![..=]>()?;
-            return Ok(DimDecl { name, size: None, range: Some((first, Some(input.parse()?))) });
+            return Ok(DimDecl {
+                name,
+                size: None,
+                range: Some((first, Some(input.parse()?))),
+            });
         }
         if input.peek(Token![..]) {
             input.parse::<Token![..]>()?;
-            return Ok(DimDecl { name, size: None, range: Some((first, None)) });
+            return Ok(DimDecl {
+                name,
+                size: None,
+                range: Some((first, None)),
+            });
         }
-        Ok(DimDecl { name, size: Some(first), range: None })
+        Ok(DimDecl {
+            name,
+            size: Some(first),
+            range: None,
+        })
     }
 }
 

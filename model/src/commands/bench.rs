@@ -1,0 +1,201 @@
+//! `moek bench`: the kernel targets, measured against this machine's own floors in the same run.
+//!
+//! - Decode (T=1, 8 routes, bf16): the weight bytes read per call over the median time, against
+//!   the memory read bandwidth measured just before (target: >= 80%).
+//! - Grouped prefill (T=512, top-8, bf16): GFLOP/s against a well-kept GEMM crate
+//!   (`matrixmultiply`, f32) doing the same FLOPs as two dense GEMMs (target: >= 60%).
+//!
+//! The machine is noisy: every figure is a median of repeated runs, and ratios are taken within
+//! one run.
+
+use super::{CommandError, spec};
+use half::bf16;
+use moek_kernels::ir::Op;
+use moek_kernels::testing::{Case, routes};
+use moek_kernels::{CpuFn, Shape};
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Timed repetitions per figure (the median is reported).
+    #[arg(long, default_value_t = 15)]
+    pub iters: usize,
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
+}
+
+/// The figures one run measures.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Figures {
+    pub isa: &'static str,
+    pub threads: usize,
+    pub read_bandwidth_gbs: f64,
+    pub decode_kernel: String,
+    pub decode_ms: f64,
+    pub decode_bytes: f64,
+    pub decode_gbs: f64,
+    pub decode_ratio: f64,
+    pub decode_unblocked_ms: f64,
+    pub prefill_kernel: String,
+    pub prefill_ms: f64,
+    pub prefill_gflops: f64,
+    pub gemm_crate_gflops: f64,
+    pub prefill_ratio: f64,
+}
+
+pub const DECODE_FLOOR: f64 = 0.80;
+pub const PREFILL_FLOOR: f64 = 0.60;
+
+pub fn run(args: &BenchArgs) -> Result<ExitCode, CommandError> {
+    let f = measure(args.iters.max(3))?;
+    match args.format {
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&f).expect("figures serialise")
+        ),
+        Format::Text => {
+            println!("isa {}, {} threads", f.isa, f.threads);
+            println!(
+                "memory read bandwidth (same run): {:.1} GB/s",
+                f.read_bandwidth_gbs
+            );
+            println!(
+                "decode {} T=1 R=8 bf16: {:.3} ms, {:.1} MB read, {:.1} GB/s = {:.0}% of read bandwidth (floor {:.0}%); unblocked: {:.3} ms",
+                f.decode_kernel,
+                f.decode_ms,
+                f.decode_bytes / 1e6,
+                f.decode_gbs,
+                f.decode_ratio * 100.0,
+                DECODE_FLOOR * 100.0,
+                f.decode_unblocked_ms
+            );
+            println!(
+                "prefill {} T=512 top-8 bf16: {:.1} ms, {:.1} GFLOP/s = {:.0}% of matrixmultiply sgemm's {:.1} GFLOP/s on the same FLOPs (floor {:.0}%)",
+                f.prefill_kernel,
+                f.prefill_ms,
+                f.prefill_gflops,
+                f.prefill_ratio * 100.0,
+                f.gemm_crate_gflops,
+                PREFILL_FLOOR * 100.0
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs every measurement once, in a fixed order.
+pub fn measure(iters: usize) -> Result<Figures, CommandError> {
+    let threads = rayon::current_num_threads();
+    let read_bandwidth = moek_cpu::bandwidth::read_bandwidth(1 << 30, 5);
+    let decode = spec("decode_expert_ffn_blocked")?;
+    let unblocked = spec("general_expert_ffn_gather")?;
+    let prefill = spec("prefill_expert_ffn_grouped")?;
+
+    let shape = Shape {
+        t: 1,
+        r: 8,
+        e: 128,
+        h: 2816,
+        f: 704,
+        v: 0,
+    };
+    let mut case = Case::<bf16>::new(Op::ExpertFfn, shape, 1);
+    let route_sets: Vec<(Vec<u32>, Vec<f32>)> = (0..iters as u64)
+        .map(|i| routes(1, 8, 128, 100 + i))
+        .collect();
+    let bytes = 8.0 * 3.0 * 704.0 * 2816.0 * 2.0;
+    let time_decode = |case: &mut Case<bf16>, f: CpuFn<bf16>| {
+        let mut out = vec![0f32; 2816];
+        median(route_sets.iter().map(|(idx, w)| {
+            (case.idx, case.weights) = (idx.clone(), w.clone());
+            let inputs = case.inputs();
+            let start = Instant::now();
+            f(&shape, &inputs, &mut out);
+            start.elapsed().as_secs_f64()
+        }))
+    };
+    let decode_s = time_decode(&mut case, decode.cpu.bf16.expect("bf16 decode"));
+    let unblocked_s = time_decode(&mut case, unblocked.cpu.bf16.expect("bf16 general"));
+
+    let pshape = Shape { t: 512, ..shape };
+    (case.x, case.shape) = (moek_kernels::testing::uniform(512 * 2816, 5, 1.0), pshape);
+    (case.idx, case.weights) = routes(512, 8, 128, 6);
+    let flops = 2.0 * 512.0 * 8.0 * 3.0 * 704.0 * 2816.0;
+    let f = prefill.cpu.bf16.expect("bf16 prefill");
+    let mut out = vec![0f32; 512 * 2816];
+    let prefill_s = median((0..iters.min(7)).map(|_| {
+        let inputs = case.inputs();
+        let start = Instant::now();
+        f(&pshape, &inputs, &mut out);
+        start.elapsed().as_secs_f64()
+    }));
+    drop(case);
+    let gemm_s = median((0..iters.min(7)).map(|_| sgemm_same_flops(threads)));
+    Ok(Figures {
+        isa: moek_cpu::isa().name(),
+        threads,
+        read_bandwidth_gbs: read_bandwidth / 1e9,
+        decode_kernel: decode.name().to_string(),
+        decode_ms: decode_s * 1e3,
+        decode_bytes: bytes,
+        decode_gbs: bytes / decode_s / 1e9,
+        decode_ratio: bytes / decode_s / read_bandwidth,
+        decode_unblocked_ms: unblocked_s * 1e3,
+        prefill_kernel: prefill.name().to_string(),
+        prefill_ms: prefill_s * 1e3,
+        prefill_gflops: flops / prefill_s / 1e9,
+        gemm_crate_gflops: flops / gemm_s / 1e9,
+        prefill_ratio: gemm_s / prefill_s,
+    })
+}
+
+/// The grouped prefill's FLOPs as two dense f32 GEMMs through `matrixmultiply`: [4096 x 2816] x
+/// [2816 x 1408] (gate/up) and [4096 x 704] x [704 x 2816] (down). Returns seconds.
+fn sgemm_same_flops(threads: usize) -> f64 {
+    // matrixmultiply reads its thread count from the environment once.
+    if std::env::var_os("MATMUL_NUM_THREADS").is_none() {
+        // SAFETY: set before matrixmultiply first reads it, while no other thread reads the environment.
+        unsafe { std::env::set_var("MATMUL_NUM_THREADS", threads.to_string()) };
+    }
+    let m = 512 * 8;
+    let run = |k: usize, n: usize| {
+        let a: Vec<f32> = moek_kernels::testing::uniform(m * k, 1, 1.0);
+        let b: Vec<f32> = moek_kernels::testing::uniform(k * n, 2, 1.0);
+        let mut c = vec![0f32; m * n];
+        let start = Instant::now();
+        // SAFETY: a, b, c are row-major with the strides given and the lengths allocated above.
+        unsafe {
+            matrixmultiply::sgemm(
+                m,
+                k,
+                n,
+                1.0,
+                a.as_ptr(),
+                k as isize,
+                1,
+                b.as_ptr(),
+                1,
+                k as isize,
+                0.0,
+                c.as_mut_ptr(),
+                n as isize,
+                1,
+            );
+        }
+        start.elapsed().as_secs_f64()
+    };
+    run(2816, 1408) + run(704, 2816)
+}
+
+fn median(samples: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = samples.collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}

@@ -1,0 +1,100 @@
+//! `moek check`: every spec's variants at their real size (26B-A4B sizes for free dims) against the
+//! f64 reference, with the variant dispatch would choose for that problem, the time and the rate.
+//! Exits non-zero when any variant is outside its tolerance.
+
+use super::CommandError;
+use moek_kernels::dispatch::{self, Backend};
+use moek_kernels::ir::{DimName, Op, Target};
+use moek_kernels::testing::{self, Report};
+use moek_kernels::{Shape, specs};
+use std::process::ExitCode;
+
+/// Sizes for free dims: the 26B-A4B layer (decode when T is free and may be 1, a 512-token prompt
+/// when it must be more).
+pub const REAL: Shape = Shape {
+    t: 1,
+    r: 8,
+    e: 128,
+    h: 2816,
+    f: 704,
+    v: 262_144,
+};
+
+pub fn run(require: &[String], filter: Option<&str>) -> Result<ExitCode, CommandError> {
+    for backend in require {
+        match backend.as_str() {
+            "cpu" if cfg!(feature = "cpu") => {}
+            "cpu" => return Err(required(backend, "this build has no `cpu` feature")),
+            other => return Err(required(other, "it is not part of this build yet")),
+        }
+    }
+    let backend = Backend::cpu();
+    println!(
+        "{:<36} {:<5} {:<31} {:<30} {:>10} {:>10} {:>9} {:>12}  ok",
+        "kernel", "dtype", "shape", "dispatch chooses", "max abs", "rel L2", "ms", "rate"
+    );
+    let mut failed = 0;
+    let seed = testing::fresh_seeds(1)[0];
+    for entry in specs::all()
+        .iter()
+        .filter(|e| filter.is_none_or(|f| e.name().contains(f)))
+    {
+        let k = entry.ir();
+        if !k.targets.contains(&Target::Cpu) {
+            continue;
+        }
+        let shape = real_shape(k);
+        for &dtype in &k.dtypes {
+            let chosen = dispatch::choose(specs::all(), &backend, k.op, dtype, &shape, None)
+                .map_or_else(|e| format!("none ({e})"), |c| c.kernel);
+            let report = testing::run_seeds(entry, Target::Cpu, dtype, &shape, &[seed]).remove(0);
+            failed += usize::from(!report.passed());
+            print_row(&report, &chosen);
+        }
+    }
+    println!("seed {seed}; tolerances: moek_dsl::tolerance (docs/numerics.md)");
+    if failed > 0 {
+        println!("{failed} variant(s) outside tolerance");
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn required(backend: &str, why: &str) -> CommandError {
+    CommandError::Required {
+        backend: backend.to_string(),
+        why: why.to_string(),
+    }
+}
+
+/// The spec's fixed sizes, 26B-A4B sizes for its free dims (the dense MLP's F is 2112).
+pub fn real_shape(k: &moek_kernels::ir::Kernel) -> Shape {
+    let mut free = REAL;
+    if k.op == Op::DenseMlp {
+        free.f = 2112;
+    }
+    if let Some(t) = k.dim(DimName::T).filter(|d| !d.admits(1)) {
+        free.t = 512.max(t.min);
+    }
+    testing::shape_for(k, &free)
+}
+
+fn print_row(r: &Report, chosen: &str) {
+    let rate = if r.shape.starts_with("T=1 ") || r.flops / r.bytes.max(1.0) < 8.0 {
+        format!("{:.1} GB/s", r.bytes / r.seconds / 1e9)
+    } else {
+        format!("{:.1} GF/s", r.flops / r.seconds / 1e9)
+    };
+    println!(
+        "{:<36} {:<5} {:<31} {:<30} {:>10.3e} {:>10.3e} {:>9.2} {:>12}  {}",
+        r.kernel,
+        r.dtype.to_string(),
+        r.shape,
+        chosen,
+        r.deviation.max_abs,
+        r.deviation.rel_l2,
+        r.seconds * 1e3,
+        rate,
+        if r.passed() { "yes" } else { "NO" }
+    );
+}
