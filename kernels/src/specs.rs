@@ -97,12 +97,14 @@ kernel! {
         select:  grouped E by R;
     }
 
-    /// General decode fallback: gathered routes, unblocked, any size and dtype.
+    /// General decode fallback: gathered routes, unblocked, any size and dtype; routes are the
+    /// work units (eight of them: fewer routes leave units empty).
     pub general_expert_ffn_gather = expert_ffn {
         dims:    T, R, E, H, F;
         dtypes:  f16, bf16, f32;
         targets: cpu;
         select:  gather E by R;
+        cores:   R = 8;
     }
 
     /// General prefill fallback: tokens grouped by expert, unblocked, any size and dtype.
@@ -119,6 +121,7 @@ kernel! {
         dtypes:  f16, bf16, f32;
         targets: cpu;
         select:  gather E by R;
+        cores:   R = 8;
     }
 
     /// General down over gathered routes with the K-axis combine, unblocked.
@@ -127,6 +130,7 @@ kernel! {
         dtypes:  f16, bf16, f32;
         targets: cpu;
         select:  gather E by R;
+        cores:   R = 8;
     }
 
     /// The shared dense MLP of every Gemma-4 layer, any size.
