@@ -31,6 +31,20 @@ pub(crate) fn dotn<A: Element, B: Element, const NR: usize>(
     a: &[A],
     rows: [&[B]; NR],
 ) -> [f32; NR] {
+    dotn_segments(a, rows, &[(0, a.len())], None)
+}
+
+/// For each row, `sum over segs (in order) of a[seg] . row[seg]`: each segment's dot product is
+/// complete (reduced to one number) before it is added to the running sum, in one call.
+///
+/// `next`, when given, are the rows the caller reads next: they are prefetched alongside, one
+/// cache line per row per step, so a matrix streamed from memory arrives before it is needed.
+pub fn dotn_segments<A: Element, B: Element, const NR: usize>(
+    a: &[A],
+    rows: [&[B]; NR],
+    segs: &[(usize, usize)],
+    next: Option<[&[B]; NR]>,
+) -> [f32; NR] {
     for r in &rows {
         assert_eq!(
             r.len(),
@@ -38,10 +52,23 @@ pub(crate) fn dotn<A: Element, B: Element, const NR: usize>(
             "dot product of slices of different lengths"
         );
     }
+    for &(s, e) in segs {
+        assert!(
+            s <= e && e <= a.len(),
+            "segment {s}..{e} outside 0..{}",
+            a.len()
+        );
+    }
+    for r in next.iter().flatten() {
+        assert!(
+            r.len() >= a.len(),
+            "prefetched rows shorter than the vector"
+        );
+    }
     match isa() {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Bf16 => avx512::dotn(a, rows),
-        _ => portable::dotn(a, rows),
+        Isa::Avx512Bf16 => avx512::dotn(a, rows, segs, next),
+        _ => portable::dotn(a, rows, segs),
     }
 }
 
@@ -51,25 +78,34 @@ pub(crate) mod portable {
     const LANES: usize = 16;
 
     /// Plain Rust the compiler vectorises: 16 lanes per row, then a fixed pairwise tree.
-    pub fn dotn<A: Element, B: Element, const NR: usize>(a: &[A], rows: [&[B]; NR]) -> [f32; NR] {
-        let mut acc = [[0f32; LANES]; NR];
-        let n = a.len();
-        let mut start = 0;
-        while start < n {
-            let len = LANES.min(n - start);
-            let mut xa = [0f32; LANES];
-            for i in 0..len {
-                xa[i] = a[start + i].to_f32();
+    pub fn dotn<A: Element, B: Element, const NR: usize>(
+        a: &[A],
+        rows: [&[B]; NR],
+        segs: &[(usize, usize)],
+    ) -> [f32; NR] {
+        let mut sum = [0f32; NR];
+        for &(s, e) in segs {
+            let mut acc = [[0f32; LANES]; NR];
+            let mut start = s;
+            while start < e {
+                let len = LANES.min(e - start);
+                let mut xa = [0f32; LANES];
+                for i in 0..len {
+                    xa[i] = a[start + i].to_f32();
+                }
+                for r in 0..NR {
+                    let row = &rows[r][start..start + len];
+                    for i in 0..len {
+                        acc[r][i] += xa[i] * row[i].to_f32();
+                    }
+                }
+                start += len;
             }
             for r in 0..NR {
-                let row = &rows[r][start..start + len];
-                for i in 0..len {
-                    acc[r][i] += xa[i] * row[i].to_f32();
-                }
+                sum[r] += tree_sum(acc[r]);
             }
-            start += len;
         }
-        acc.map(tree_sum)
+        sum
     }
 
     /// Pairwise sum of 16 lanes in a fixed order.
@@ -95,22 +131,30 @@ pub(crate) mod avx512 {
     pub(crate) const BF16: u8 = 2;
 
     /// Dispatches on the element kinds to a kernel compiled for AVX-512.
-    pub fn dotn<A: Element, B: Element, const NR: usize>(a: &[A], rows: [&[B]; NR]) -> [f32; NR] {
-        let n = a.len();
-        let ptr = |s: &[B]| s.as_ptr().cast::<u8>();
-        let rp = rows.map(ptr);
+    pub fn dotn<A: Element, B: Element, const NR: usize>(
+        a: &[A],
+        rows: [&[B]; NR],
+        segs: &[(usize, usize)],
+        next: Option<[&[B]; NR]>,
+    ) -> [f32; NR] {
+        let rp = rows.map(|s: &[B]| s.as_ptr().cast::<u8>());
+        let np = next.map(|n| n.map(|s: &[B]| s.as_ptr().cast::<u8>()));
         let ap = a.as_ptr().cast::<u8>();
-        // SAFETY: `isa()` checked the CPU features; every row has `n` elements (checked above).
+        // SAFETY: `isa()` checked the CPU features; rows and segments are in bounds (checked by
+        // the caller).
         unsafe {
             match (kind::<A>(), kind::<B>()) {
-                (Kind::Bf16, Kind::Bf16) => {
-                    bf16_dotn::<NR>(bits16(a).as_ptr(), rows.map(|r| bits16(r).as_ptr()), n)
-                }
-                (Kind::F16, Kind::F16) => fma_dotn::<F16, F16, NR>(ap, rp, n),
-                (Kind::F32, Kind::F32) => fma_dotn::<F32, F32, NR>(ap, rp, n),
-                (Kind::F32, Kind::F16) => fma_dotn::<F32, F16, NR>(ap, rp, n),
-                (Kind::F32, Kind::Bf16) => fma_dotn::<F32, BF16, NR>(ap, rp, n),
-                _ => portable::dotn(a, rows),
+                (Kind::Bf16, Kind::Bf16) => bf16_dotn::<NR>(
+                    bits16(a).as_ptr(),
+                    rows.map(|r| bits16(r).as_ptr()),
+                    segs,
+                    np,
+                ),
+                (Kind::F16, Kind::F16) => fma_dotn::<F16, F16, NR>(ap, rp, segs, np),
+                (Kind::F32, Kind::F32) => fma_dotn::<F32, F32, NR>(ap, rp, segs, np),
+                (Kind::F32, Kind::F16) => fma_dotn::<F32, F16, NR>(ap, rp, segs, np),
+                (Kind::F32, Kind::Bf16) => fma_dotn::<F32, BF16, NR>(ap, rp, segs, np),
+                _ => portable::dotn(a, rows, segs),
             }
         }
     }
@@ -152,24 +196,36 @@ pub(crate) mod avx512 {
     unsafe fn fma_dotn<const KA: u8, const KB: u8, const NR: usize>(
         a: *const u8,
         rows: [*const u8; NR],
-        n: usize,
+        segs: &[(usize, usize)],
+        next: Option<[*const u8; NR]>,
     ) -> [f32; NR] {
         let (sa, sb) = (size_of_kind(KA), size_of_kind(KB));
-        let mut acc = [_mm512_setzero_ps(); NR];
-        let mut i = 0;
-        while i < n {
-            let len = 16.min(n - i);
-            // SAFETY: `len` elements remain in `a` and every row from element `i`.
-            unsafe {
-                let x = load16::<KA>(a.add(i * sa), len);
-                for r in 0..NR {
-                    let w = load16::<KB>(rows[r].add(i * sb), len);
-                    acc[r] = _mm512_fmadd_ps(x, w, acc[r]);
+        let mut sum = [0f32; NR];
+        for &(s, e) in segs {
+            let mut acc = [_mm512_setzero_ps(); NR];
+            let mut i = s;
+            while i < e {
+                let len = 16.min(e - i);
+                // SAFETY: `len` elements remain in `a` and every row from element `i`.
+                unsafe {
+                    if let Some(next) = next {
+                        for r in next {
+                            _mm_prefetch::<_MM_HINT_T0>(r.add(i * sb).cast::<i8>());
+                        }
+                    }
+                    let x = load16::<KA>(a.add(i * sa), len);
+                    for r in 0..NR {
+                        let w = load16::<KB>(rows[r].add(i * sb), len);
+                        acc[r] = _mm512_fmadd_ps(x, w, acc[r]);
+                    }
                 }
+                i += len;
             }
-            i += len;
+            for r in 0..NR {
+                sum[r] += _mm512_reduce_add_ps(acc[r]);
+            }
         }
-        acc.map(|v| _mm512_reduce_add_ps(v))
+        sum
     }
 
     /// BF16 kernel: `vdpbf16ps` multiplies 32 bf16 pairs into 16 f32 lanes per instruction.
@@ -177,31 +233,43 @@ pub(crate) mod avx512 {
     unsafe fn bf16_dotn<const NR: usize>(
         a: *const u16,
         rows: [*const u16; NR],
-        n: usize,
+        segs: &[(usize, usize)],
+        next: Option<[*const u8; NR]>,
     ) -> [f32; NR] {
-        let mut acc = [_mm512_setzero_ps(); NR];
-        let mut i = 0;
-        while i < n {
-            let len = 32.min(n - i);
-            let m: __mmask32 = if len >= 32 {
-                u32::MAX
-            } else {
-                (1u32 << len) - 1
-            };
-            // SAFETY: `len` elements remain from `i`; masked lanes are not read.
-            unsafe {
-                let x: __m512bh =
-                    std::mem::transmute(_mm512_maskz_loadu_epi16(m, a.add(i).cast::<i16>()));
-                for r in 0..NR {
-                    let w: __m512bh = std::mem::transmute(_mm512_maskz_loadu_epi16(
-                        m,
-                        rows[r].add(i).cast::<i16>(),
-                    ));
-                    acc[r] = _mm512_dpbf16_ps(acc[r], x, w);
+        let mut sum = [0f32; NR];
+        for &(s, e) in segs {
+            let mut acc = [_mm512_setzero_ps(); NR];
+            let mut i = s;
+            while i < e {
+                let len = 32.min(e - i);
+                let m: __mmask32 = if len >= 32 {
+                    u32::MAX
+                } else {
+                    (1u32 << len) - 1
+                };
+                // SAFETY: `len` elements remain from `i`; masked lanes are not read.
+                unsafe {
+                    if let Some(next) = next {
+                        for r in next {
+                            _mm_prefetch::<_MM_HINT_T0>(r.add(2 * i).cast::<i8>());
+                        }
+                    }
+                    let x: __m512bh =
+                        std::mem::transmute(_mm512_maskz_loadu_epi16(m, a.add(i).cast::<i16>()));
+                    for r in 0..NR {
+                        let w: __m512bh = std::mem::transmute(_mm512_maskz_loadu_epi16(
+                            m,
+                            rows[r].add(i).cast::<i16>(),
+                        ));
+                        acc[r] = _mm512_dpbf16_ps(acc[r], x, w);
+                    }
                 }
+                i += len;
             }
-            i += len;
+            for r in 0..NR {
+                sum[r] += _mm512_reduce_add_ps(acc[r]);
+            }
         }
-        acc.map(|v| _mm512_reduce_add_ps(v))
+        sum
     }
 }

@@ -1,7 +1,7 @@
 //! The small vocabulary generated code uses to follow a schedule: grids of work units, blocks
 //! clipped to a unit's range, disjoint output writes, routes grouped by expert.
 
-use crate::dot::dotn;
+use crate::dot::dotn_segments;
 use crate::element::Element;
 use std::ops::Range;
 
@@ -129,17 +129,17 @@ pub fn matvec_segments<A: Element, W: Element>(
     let mut j = rows.start;
     while j < rows.end {
         let n = 4.min(rows.end - j);
-        let mut sum = [0f32; 4];
-        for &(s, e) in segs {
-            let r: [&[W]; 4] = std::array::from_fn(|q| {
-                let row = j + q.min(n - 1);
-                &mat[row * ld + s..row * ld + e]
-            });
-            let d = dotn::<A, W, 4>(&x[s..e], r);
-            for q in 0..4 {
-                sum[q] += d[q];
-            }
-        }
+        let r: [&[W]; 4] = std::array::from_fn(|q| {
+            let row = j + q.min(n - 1);
+            &mat[row * ld..row * ld + x.len()]
+        });
+        let next = (j + 4 < rows.end).then(|| {
+            std::array::from_fn(|q| {
+                let row = (j + 4 + q).min(rows.end - 1);
+                &mat[row * ld..row * ld + x.len()]
+            })
+        });
+        let sum = dotn_segments::<A, W, 4>(x, r, segs, next);
         out[j - rows.start..j - rows.start + n].copy_from_slice(&sum[..n]);
         j += n;
     }

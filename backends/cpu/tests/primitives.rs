@@ -98,6 +98,16 @@ proptest! {
     }
 }
 
+/// Reductions longer than one cache chunk of the AVX-512 path, at the 26B-A4B widths, with tails.
+#[test]
+fn gemm_matches_f64_over_long_reductions() {
+    for (m, n, k) in [(5, 7, 2816), (9, 13, 2111), (1, 6, 704)] {
+        check_gemm::<bf16>(m, n, k, 42);
+        check_gemm::<f16>(m, n, k, 43);
+        check_gemm::<f32>(m, n, k, 44);
+    }
+}
+
 #[test]
 fn results_do_not_depend_on_the_row_grouping() {
     let a: Vec<bf16> = vals(

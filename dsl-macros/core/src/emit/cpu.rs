@@ -99,13 +99,13 @@ fn dim_bindings(k: &Kernel) -> TokenStream {
             let field = format_ident!("{}", d.name.name().to_lowercase());
             match d.size {
                 Some(n) => {
-                    let n = lit(n);
+                    let size = lit(n);
                     let msg = format!(
                         "kernel `{}` is fixed at {}={} but was given {{}}",
                         k.name, d.name, n
                     );
                     quote! {
-                        let #v = #n;
+                        let #v = #size;
                         assert!(s.#field == #v, #msg, s.#field);
                     }
                 }
