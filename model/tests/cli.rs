@@ -36,9 +36,10 @@ fn emit_prints_the_generated_cpu_variant() {
     assert!(ok);
     assert!(out.contains("pub fn cpu<W"), "{out}");
     assert!(
-        out.contains("(0usize, 704usize), (704usize, 1408usize)"),
+        out.contains("(0usize, 704usize),\n") && out.contains("(2112usize, 2816usize),\n"),
         "the blocks are baked in: {out}"
     );
+    assert!(out.contains("is fixed at T=1 but was given"), "{out}");
     looks_formatted(&out);
 }
 
