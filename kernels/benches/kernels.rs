@@ -4,19 +4,10 @@
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use half::bf16;
-use moek_kernels::Shape;
+use moek_kernels::geometry::{DECODE, PREFILL};
 use moek_kernels::ir::Op;
 use moek_kernels::specs::*;
 use moek_kernels::testing::{Case, uniform};
-
-const DECODE: Shape = Shape {
-    t: 1,
-    r: 8,
-    e: 128,
-    h: 2816,
-    f: 704,
-    v: 0,
-};
 
 fn decode(c: &mut Criterion) {
     let case = Case::<bf16>::new(Op::ExpertFfn, DECODE, 1);
@@ -47,7 +38,7 @@ fn decode(c: &mut Criterion) {
 }
 
 fn prefill(c: &mut Criterion) {
-    let shape = Shape { t: 512, ..DECODE };
+    let shape = PREFILL;
     let case = Case::<bf16>::new(Op::ExpertFfn, shape, 2);
     let flops = 2 * 512 * 8 * 3 * 704 * 2816;
     let mut g = c.benchmark_group("prefill T=512 top-8 bf16");

@@ -12,6 +12,7 @@ extern crate self as moek_kernels;
 
 pub mod dispatch;
 pub mod elem;
+pub mod geometry;
 pub mod inputs;
 pub mod registry;
 pub mod specs;

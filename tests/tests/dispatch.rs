@@ -6,15 +6,23 @@ use moek_kernels::ir::{Capability, DType, Op};
 use moek_kernels::testing::Case;
 use moek_kernels::{Shape, specs};
 
-const DECODE: Shape = Shape {
-    t: 1,
-    r: 8,
-    e: 128,
-    h: 2816,
-    f: 704,
-    v: 0,
-};
-const PREFILL: Shape = Shape { t: 512, ..DECODE };
+use moek_kernels::geometry::{DECODE, PREFILL};
+
+/// Dispatches `case` on the CPU backend over the built-in specs.
+fn run_on_cpu<W: moek_kernels::Elem>(
+    case: &Case<W>,
+    out: &mut [f32],
+    requested: Option<&str>,
+) -> Result<(dispatch::Choice, Option<u32>), DispatchError> {
+    dispatch::run(
+        specs::all(),
+        &Backend::cpu(),
+        &case.shape,
+        &case.inputs(),
+        out,
+        requested,
+    )
+}
 
 fn choose(op: Op, dtype: DType, shape: &Shape) -> dispatch::Choice {
     dispatch::choose(specs::all(), &Backend::cpu(), op, dtype, shape, None)
@@ -136,15 +144,7 @@ fn an_explicit_ineligible_request_fails_before_writing_anything() {
         7,
     );
     let mut out = vec![f32::NAN; 2 * 64];
-    let err = dispatch::run(
-        specs::all(),
-        &Backend::cpu(),
-        &case.shape,
-        &case.inputs(),
-        &mut out,
-        Some("decode_expert_ffn_blocked"),
-    )
-    .unwrap_err();
+    let err = run_on_cpu(&case, &mut out, Some("decode_expert_ffn_blocked")).unwrap_err();
     assert_eq!(
         err,
         DispatchError::Requested {
@@ -184,30 +184,14 @@ fn bad_inputs_are_typed_errors_naming_the_tensor() {
     let mut case = Case::<f32>::new(Op::ExpertFfn, shape, 1);
     case.w2.pop();
     let mut out = vec![f32::NAN; 2 * 64];
-    let err = dispatch::run(
-        specs::all(),
-        &Backend::cpu(),
-        &shape,
-        &case.inputs(),
-        &mut out,
-        None,
-    )
-    .unwrap_err();
+    let err = run_on_cpu(&case, &mut out, None).unwrap_err();
     assert_eq!(
         err.to_string(),
         "tensor `down` has 8191 elements; expected 8192 for T=2 R=2 E=4 H=64 F=32"
     );
     let mut case = Case::<f32>::new(Op::ExpertFfn, shape, 1);
     case.idx[3] = 4;
-    let err = dispatch::run(
-        specs::all(),
-        &Backend::cpu(),
-        &shape,
-        &case.inputs(),
-        &mut out,
-        None,
-    )
-    .unwrap_err();
+    let err = run_on_cpu(&case, &mut out, None).unwrap_err();
     assert_eq!(
         err.to_string(),
         "route index 4 at slot 3 of `idx` is out of range for E = 4"
@@ -227,15 +211,7 @@ fn the_dispatched_variant_runs_and_matches_the_reference() {
     };
     let case = Case::<half::bf16>::new(Op::ExpertFfn, shape, 3);
     let mut out = vec![f32::NAN; 3 * 96];
-    let (choice, _) = dispatch::run(
-        specs::all(),
-        &Backend::cpu(),
-        &shape,
-        &case.inputs(),
-        &mut out,
-        None,
-    )
-    .unwrap();
+    let (choice, _) = run_on_cpu(&case, &mut out, None).unwrap();
     assert_eq!(choice.kernel, "general_expert_ffn_grouped");
     let (dev, _) = case.compare(&out, None, 3);
     assert!(

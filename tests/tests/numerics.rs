@@ -9,14 +9,7 @@ use moek_kernels::specs::*;
 use moek_kernels::testing::{Case, check_spec, fresh_seeds};
 use moek_kernels::{Inputs, Shape};
 
-const DECODE: Shape = Shape {
-    t: 1,
-    r: 8,
-    e: 128,
-    h: 2816,
-    f: 704,
-    v: 0,
-};
+use moek_kernels::geometry::DECODE;
 
 fn run(f: moek_kernels::CpuFn<bf16>, case: &Case<bf16>, len: usize) -> Vec<f32> {
     let mut out = vec![f32::NAN; len];

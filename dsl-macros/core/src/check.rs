@@ -274,11 +274,7 @@ impl Checker {
             .join(", ");
         for decl in decls.unwrap_or_default() {
             let name = decl.name.to_string();
-            let Some(dim) = DimName::from_name(&name).filter(|d| op.dims().contains(d)) else {
-                self.errors.push(
-                    decl.name.span(),
-                    format!("`{op}` has no dim `{name}`; its dims: {valid}"),
-                );
+            let Some(dim) = self.op_dim(op, &decl.name) else {
                 continue;
             };
             if declared.contains(&dim) {
@@ -341,6 +337,18 @@ impl Checker {
             .iter()
             .filter_map(|d| found.iter().find(|f| f.name == *d).cloned())
             .collect()
+    }
+
+    /// The op's dim named by `ident`, or an error listing the op's dims.
+    fn op_dim(&mut self, op: Op, ident: &Ident) -> Option<DimName> {
+        let dim = DimName::from_name(&ident.to_string()).filter(|d| op.dims().contains(d));
+        if dim.is_none() {
+            self.errors.push(
+                ident.span(),
+                format!("`{op}` has no dim `{ident}`; its dims: {}", join(op.dims())),
+            );
+        }
+        dim
     }
 
     /// A literal that must be a positive integer.
@@ -567,17 +575,7 @@ impl Checker {
                     ok = false;
                     continue;
                 }
-                let Some(dim) = DimName::from_name(&name).filter(|d| op.dims().contains(d)) else {
-                    let valid = op
-                        .dims()
-                        .iter()
-                        .map(|d| d.name())
-                        .collect::<Vec<_>>()
-                        .join(", ");
-                    self.errors.push(
-                        ident.span(),
-                        format!("`{op}` has no dim `{name}`; its dims: {valid}"),
-                    );
+                let Some(dim) = self.op_dim(op, ident) else {
                     ok = false;
                     continue;
                 };
@@ -717,13 +715,7 @@ impl Checker {
         sizes: &HashMap<DimName, Option<usize>>,
     ) -> Option<Tile> {
         let name = s.dim.to_string();
-        let Some(dim) = DimName::from_name(&name).filter(|d| op.dims().contains(d)) else {
-            self.errors.push(
-                s.dim.span(),
-                format!("`{op}` has no dim `{name}` to stream"),
-            );
-            return None;
-        };
+        let dim = self.op_dim(op, &s.dim)?;
         let size = self.positive(&s.size, "a stream tile")?;
         if let Some(Some(n)) = sizes.get(&dim)
             && size > *n

@@ -12,7 +12,7 @@ use super::{CommandError, spec};
 use half::bf16;
 use moek_kernels::ir::Op;
 use moek_kernels::testing::{Case, routes};
-use moek_kernels::{CpuFn, Shape};
+use moek_kernels::{CpuFn, geometry};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -98,14 +98,7 @@ pub fn measure(iters: usize) -> Result<Figures, CommandError> {
     let unblocked = spec("general_expert_ffn_gather")?;
     let prefill = spec("prefill_expert_ffn_grouped")?;
 
-    let shape = Shape {
-        t: 1,
-        r: 8,
-        e: 128,
-        h: 2816,
-        f: 704,
-        v: 0,
-    };
+    let shape = geometry::DECODE;
     let mut case = Case::<bf16>::new(Op::ExpertFfn, shape, 1);
     let route_sets: Vec<(Vec<u32>, Vec<f32>)> = (0..iters as u64)
         .map(|i| routes(1, 8, 128, 100 + i))
@@ -124,7 +117,7 @@ pub fn measure(iters: usize) -> Result<Figures, CommandError> {
     let decode_s = time_decode(&mut case, decode.cpu.bf16.expect("bf16 decode"));
     let unblocked_s = time_decode(&mut case, unblocked.cpu.bf16.expect("bf16 general"));
 
-    let pshape = Shape { t: 512, ..shape };
+    let pshape = geometry::PREFILL;
     (case.x, case.shape) = (moek_kernels::testing::uniform(512 * 2816, 5, 1.0), pshape);
     (case.idx, case.weights) = routes(512, 8, 128, 6);
     let flops = 2.0 * 512.0 * 8.0 * 3.0 * 704.0 * 2816.0;

@@ -6,18 +6,14 @@ use super::CommandError;
 use moek_kernels::dispatch::{self, Backend};
 use moek_kernels::ir::{DimName, Op, Target};
 use moek_kernels::testing::{self, Report};
-use moek_kernels::{Shape, specs};
+use moek_kernels::{Shape, geometry, specs};
 use std::process::ExitCode;
 
 /// Sizes for free dims: the 26B-A4B layer (decode when T is free and may be 1, a 512-token prompt
 /// when it must be more).
 pub const REAL: Shape = Shape {
-    t: 1,
-    r: 8,
-    e: 128,
-    h: 2816,
-    f: 704,
-    v: 262_144,
+    v: geometry::VOCAB,
+    ..geometry::DECODE
 };
 
 pub fn run(require: &[String], filter: Option<&str>) -> Result<ExitCode, CommandError> {
@@ -71,10 +67,10 @@ fn required(backend: &str, why: &str) -> CommandError {
 pub fn real_shape(k: &moek_kernels::ir::Kernel) -> Shape {
     let mut free = REAL;
     if k.op == Op::DenseMlp {
-        free.f = 2112;
+        free.f = geometry::DENSE_F;
     }
     if let Some(t) = k.dim(DimName::T).filter(|d| !d.admits(1)) {
-        free.t = 512.max(t.min);
+        free.t = geometry::PREFILL.t.max(t.min);
     }
     testing::shape_for(k, &free)
 }
