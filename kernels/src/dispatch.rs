@@ -35,6 +35,19 @@ impl Backend {
         }
     }
 
+    /// The Spyre simulator: programs read expert banks by route in their stick layouts, complete
+    /// split sums over the ring in LX, and read selected weights without copying them first.
+    pub fn spyre() -> Backend {
+        Backend {
+            target: Target::Spyre,
+            capabilities: vec![
+                Capability::IndexedSelectionLayout,
+                Capability::LxCompletedSum,
+                Capability::ReadCopyElision,
+            ],
+        }
+    }
+
     /// The same backend without one capability (to exercise fallbacks).
     pub fn without(mut self, cap: Capability) -> Backend {
         self.capabilities.retain(|c| *c != cap);
@@ -45,7 +58,8 @@ impl Backend {
     pub fn compiled(&self) -> bool {
         match self.target {
             Target::Cpu => cfg!(feature = "cpu"),
-            Target::Wgpu | Target::Spyre => false,
+            Target::Spyre => cfg!(feature = "spyre"),
+            Target::Wgpu => false,
         }
     }
 }
@@ -57,7 +71,7 @@ pub enum Ineligible {
     Op { spec: Op, wanted: Op },
     #[error("does not target {target}")]
     Target { target: Target },
-    #[error("the `{target}` backend is not compiled in (cargo feature `{target}`)")]
+    #[error("needs the `{target}` backend, which this build lacks (cargo feature `{target}`)")]
     NotCompiled { target: Target },
     #[error("has no {dtype} variant (dtypes: {supported})")]
     DType { dtype: DType, supported: String },
@@ -122,6 +136,8 @@ pub enum DispatchError {
     Unknown { name: String, op: Op, valid: String },
     #[error(transparent)]
     Input(#[from] InputError),
+    #[error("the backend failed: {0}")]
+    Backend(String),
 }
 
 /// Whether `entry` can serve `op` on `backend` for `dtype` and `shape`, or why not.
@@ -320,7 +336,14 @@ pub fn run<W: Elem>(
                 W::cpu_fn(&entry.cpu).expect("eligible CPU variants are compiled for their dtypes");
             f(shape, inputs, out)
         }
-        Target::Wgpu | Target::Spyre => unreachable!("eligible() refuses backends not compiled in"),
+        #[cfg(feature = "spyre")]
+        Target::Spyre => {
+            let k = entry.ir();
+            crate::spyre::run(k, shape, inputs, out, moek_spyre::Mode::Dl16)
+                .map_err(|e| DispatchError::Backend(e.to_string()))?;
+            None
+        }
+        _ => unreachable!("eligible() refuses backends not compiled in"),
     };
     Ok((choice, result))
 }

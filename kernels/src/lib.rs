@@ -6,7 +6,8 @@
 //! - [`inputs`]: the tensors each op takes, checked before anything runs.
 //! - [`testing`]: the equivalence harness every spec's generated tests call.
 //!
-//! Backends are cargo features (`cpu`); generated code reaches them through [`__private`].
+//! Backends are cargo features (`cpu`, `spyre`); generated code reaches them through
+//! [`__private`].
 
 extern crate self as moek_kernels;
 
@@ -16,6 +17,8 @@ pub mod geometry;
 pub mod inputs;
 pub mod registry;
 pub mod specs;
+#[cfg(feature = "spyre")]
+pub mod spyre;
 pub mod testing;
 
 pub use dispatch::{Backend, Choice, DispatchError, Ineligible};
@@ -72,6 +75,21 @@ pub mod __private {
         };
     }
 
+    /// Keeps its items when the `spyre` backend is compiled in, drops them otherwise.
+    #[cfg(feature = "spyre")]
+    #[macro_export]
+    #[doc(hidden)]
+    macro_rules! __if_spyre {
+        ($($item:tt)*) => { $($item)* };
+    }
+    #[cfg(not(feature = "spyre"))]
+    #[macro_export]
+    #[doc(hidden)]
+    macro_rules! __if_spyre {
+        ($($item:tt)*) => {};
+    }
+
     pub use crate::__cpu_fns as cpu_fns;
     pub use crate::__if_cpu as if_cpu;
+    pub use crate::__if_spyre as if_spyre;
 }

@@ -72,19 +72,30 @@ kernel! {
     }
 
     /// Prefill: all 128 experts densely over 512 tokens in one persistent loop; x and the
-    /// accumulator stay resident, weights advance one expert bank per trip. Gate/up splits
+    /// accumulator stay resident, weights advance one expert bank per trip. (It targets `spyre`
+    /// once the persistent loop's lowering lands; meanwhile its schedule runs on the CPU.) Gate/up splits
     /// T x H = 8 x 4 (H partial sums completed across cores), down T x H = 16 x 2 (column halves),
     /// 32 token groups own x and the accumulator.
     pub prefill_expert_ffn_persistent = expert_ffn {
         dims:            T = 512, R = 8, E = 128, H = 2816, F = 704;
         dtypes:          f16, bf16;
-        targets:         cpu, spyre;
+        targets:         cpu;
         select:          dense E;
         loop:            E persistent;
         groups:          T = 32;
         cores(gate_up):  T x H = 8 x 4;
         cores(down):     T x H = 16 x 2;
         requires:        lx_completed_sum;
+    }
+
+    /// Decode expert FFN, ordinary: gathered routes, no blocking, eight route owners, no
+    /// capability required (what a backend without the indexed-selection layout runs).
+    pub decode_expert_ffn_ordinary = expert_ffn {
+        dims:    T = 1, R = 8, E = 128, H = 2816, F = 704;
+        dtypes:  f16, bf16;
+        targets: cpu, spyre;
+        select:  gather E by R;
+        cores:   R = 8;
     }
 
     /// Prefill on a CPU: tokens grouped by expert, one GEMM pair per expert bank (the weights are
@@ -170,6 +181,7 @@ pub fn all() -> &'static [KernelEntry] {
             decode_expert_ffn_gate_up_blocked::entry(),
             decode_expert_ffn_down_blocked::entry(),
             prefill_expert_ffn_persistent::entry(),
+            decode_expert_ffn_ordinary::entry(),
             prefill_expert_ffn_grouped::entry(),
             general_expert_ffn_gather::entry(),
             general_expert_ffn_grouped::entry(),

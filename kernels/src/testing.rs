@@ -13,7 +13,7 @@ use crate::registry::KernelEntry;
 use half::{bf16, f16};
 use moek_dsl::ir::{DType, DimName, Kernel, Op, Target};
 use moek_dsl::reference::{self, Shape};
-use moek_dsl::tolerance::{Deviation, Tolerance, tolerance};
+use moek_dsl::tolerance::{Deviation, Tolerance, tolerance, tolerance_dl16};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
@@ -122,6 +122,8 @@ pub struct Report {
     pub flops: f64,
     /// For the LM head: whether the returned argmax is the index of the largest logit.
     pub argmax_ok: bool,
+    /// The cost model's figures (Spyre runs).
+    pub modeled: Option<Modeled>,
 }
 
 impl Report {
@@ -185,7 +187,7 @@ fn run_typed<W: Elem>(
                 .validate(shape, out.len())
                 .expect("the harness builds well-formed inputs");
             let start = Instant::now();
-            let argmax = match target {
+            let (argmax, modeled) = match target {
                 Target::Cpu => {
                     let f = W::cpu_fn(&entry.cpu).unwrap_or_else(|| {
                         panic!(
@@ -194,7 +196,14 @@ fn run_typed<W: Elem>(
                             W::DTYPE
                         )
                     });
-                    f(shape, &inputs, &mut out)
+                    (f(shape, &inputs, &mut out), None)
+                }
+                #[cfg(feature = "spyre")]
+                Target::Spyre => {
+                    let run =
+                        crate::spyre::run(k, shape, &inputs, &mut out, moek_spyre::Mode::Dl16)
+                            .unwrap_or_else(|e| panic!("`{}` on spyre: {e}", k.name));
+                    (None, Some(Modeled::of(&run.cost)))
                 }
                 other => panic!("the {other} backend is not part of this build"),
             };
@@ -208,14 +217,48 @@ fn run_typed<W: Elem>(
                 shape: crate::inputs::describe(k.op, shape),
                 seed,
                 deviation,
-                tolerance: tolerance(W::DTYPE),
+                tolerance: match target {
+                    Target::Spyre => tolerance_dl16(W::DTYPE),
+                    _ => tolerance(W::DTYPE),
+                },
                 seconds,
                 bytes,
                 flops,
                 argmax_ok,
+                modeled,
             }
         })
         .collect()
+}
+
+/// The Spyre cost model's figures for one run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Modeled {
+    pub seconds: f64,
+    /// What bounds the slowest phase.
+    pub dominant: String,
+    /// Bytes between device memory and LX, and over the ring.
+    pub dev_bytes: u64,
+    pub ring_bytes: u64,
+    pub lx_peak: usize,
+}
+
+#[cfg(feature = "spyre")]
+impl Modeled {
+    fn of(c: &moek_spyre::Cost) -> Self {
+        let dominant = c
+            .phases
+            .iter()
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map_or(String::new(), |p| p.2.to_string());
+        Modeled {
+            seconds: c.seconds,
+            dominant,
+            dev_bytes: c.dev_bytes,
+            ring_bytes: c.ring_bytes,
+            lx_peak: c.lx_peak,
+        }
+    }
 }
 
 /// Random inputs of one op at one shape. Weights are scaled by 1/sqrt(fan-in) so activations stay

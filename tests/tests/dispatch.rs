@@ -106,26 +106,89 @@ fn other_sizes_and_dtypes_fall_back_to_general_variants_with_reasons() {
 
 #[test]
 fn a_missing_capability_falls_back_and_is_recorded() {
-    let backend = Backend::cpu().without(Capability::IndexedSelectionLayout);
+    for backend in [Backend::cpu(), Backend::spyre()] {
+        let target = backend.target;
+        let without = backend.without(Capability::IndexedSelectionLayout);
+        let c = dispatch::choose(
+            specs::all(),
+            &without,
+            Op::ExpertFfn,
+            DType::Bf16,
+            &DECODE,
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.kernel, "decode_expert_ffn_ordinary", "on {target}");
+        let why = &c
+            .passed_over
+            .iter()
+            .find(|(n, _)| n == "decode_expert_ffn_blocked")
+            .unwrap()
+            .1;
+        assert_eq!(
+            why,
+            &format!(
+                "it requires capability `indexed_selection_layout`, which the {target} backend lacks"
+            )
+        );
+        let err = dispatch::choose(
+            specs::all(),
+            &without,
+            Op::ExpertFfn,
+            DType::Bf16,
+            &DECODE,
+            Some("decode_expert_ffn_blocked"),
+        );
+        assert!(
+            matches!(err, Err(DispatchError::Requested { .. })),
+            "an explicit request fails: {err:?}"
+        );
+    }
+    // With every capability, Spyre decode takes the blocked seed variant.
     let c = dispatch::choose(
         specs::all(),
-        &backend,
+        &Backend::spyre(),
         Op::ExpertFfn,
         DType::Bf16,
         &DECODE,
         None,
     )
     .unwrap();
-    assert_eq!(c.kernel, "general_expert_ffn_gather");
-    let why = &c
-        .passed_over
-        .iter()
-        .find(|(n, _)| n == "decode_expert_ffn_blocked")
-        .unwrap()
-        .1;
-    assert_eq!(
-        why,
-        "it requires capability `indexed_selection_layout`, which the cpu backend lacks"
+    assert_eq!(c.kernel, "decode_expert_ffn_blocked");
+}
+
+#[test]
+fn a_spyre_run_through_dispatch_matches_the_reference_and_writes_nothing_when_refused() {
+    let case = Case::<half::bf16>::new(Op::ExpertFfn, DECODE, 5);
+    let mut out = vec![f32::NAN; DECODE.h];
+    let without = Backend::spyre().without(Capability::IndexedSelectionLayout);
+    let err = dispatch::run(
+        specs::all(),
+        &without,
+        &DECODE,
+        &case.inputs(),
+        &mut out,
+        Some("decode_expert_ffn_blocked"),
+    );
+    assert!(err.is_err());
+    assert!(
+        out.iter().all(|v| v.is_nan()),
+        "a refused request writes nothing"
+    );
+    let (choice, _) = dispatch::run(
+        specs::all(),
+        &without,
+        &DECODE,
+        &case.inputs(),
+        &mut out,
+        None,
+    )
+    .unwrap();
+    assert_eq!(choice.kernel, "decode_expert_ffn_ordinary");
+    let (dev, _) = case.compare(&out, None, 5);
+    assert!(
+        dev.within(moek_dsl::tolerance::tolerance_dl16(DType::Bf16)),
+        "{dev}"
     );
 }
 

@@ -836,6 +836,17 @@ impl Checker {
                     );
                 }
             }
+            if self.errors.is_empty() {
+                for &dtype in &k.dtypes {
+                    if let Err(why) = spyre::lower::program(k, dtype) {
+                        self.errors.push(
+                            spec.name.span(),
+                            format!("no spyre program for {dtype}: {why}"),
+                        );
+                        break;
+                    }
+                }
+            }
             let total: usize = spyre::resident(k).iter().map(|r| r.bytes).sum();
             if total > spyre::LX_BUDGET
                 && spyre::resident(k)

@@ -50,6 +50,22 @@ pub fn tolerance(dtype: DType) -> Tolerance {
     }
 }
 
+/// Unit roundoff of Spyre's DL16 (9 fraction bits).
+pub const DL16_UNIT_ROUNDOFF: f64 = 1.0 / 1024.0;
+
+/// The limit for a variant that computes in DL16 (the Spyre simulator in DL16 mode): the looser of
+/// the dtype's limit and DL16's own (8 u and 32 u with u = 2^-10). Host f16 keeps 10 fraction bits,
+/// so its inputs round once more on the way to the device and no longer cancel against the
+/// reference; bf16 (7 bits) converts exactly and is bounded by its own, looser limit.
+pub fn tolerance_dl16(dtype: DType) -> Tolerance {
+    let t = tolerance(dtype);
+    let u = DL16_UNIT_ROUNDOFF;
+    Tolerance {
+        rel_l2: t.rel_l2.max(8.0 * u),
+        max_abs: t.max_abs.max(32.0 * u),
+    }
+}
+
 /// How far a variant's output is from the reference.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Deviation {

@@ -80,21 +80,26 @@ fn cpu_fns(k: &Kernel) -> TokenStream {
 
 /// One test per (enabled backend the spec targets) x dtype, against the f64 reference.
 fn tests(k: &Kernel) -> TokenStream {
+    // wgpu gains its tests with its emitter; every other target is tested here.
     let cases = k
         .targets
         .iter()
-        .filter(|t| **t == Target::Cpu)
+        .filter(|t| **t != Target::Wgpu)
         .flat_map(|t| {
             k.dtypes.iter().map(move |d| {
                 let test = format_ident!("{}_{}", t.name(), d.name());
                 let dtype = format_ident!("{}", format!("{d:?}"));
+                let (gate, target) = match t {
+                    Target::Spyre => (quote!(if_spyre), quote!(Spyre)),
+                    _ => (quote!(if_cpu), quote!(Cpu)),
+                };
                 quote! {
-                    ::moek_kernels::__private::if_cpu! {
+                    ::moek_kernels::__private::#gate! {
                         #[test]
                         fn #test() {
                             ::moek_kernels::__private::testing::check_spec(
                                 &super::entry(),
-                                ::moek_kernels::__private::ir::Target::Cpu,
+                                ::moek_kernels::__private::ir::Target::#target,
                                 ::moek_kernels::__private::ir::DType::#dtype,
                             );
                         }

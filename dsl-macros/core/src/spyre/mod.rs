@@ -1,5 +1,9 @@
-//! The Spyre resource model the validator applies at macro time (DESIGN.md, "Spyre resource
-//! model"): sticks, cores, and what must stay resident in each core's LX scratchpad.
+//! The Spyre side of the DSL: the resource model the validator applies at macro time (DESIGN.md,
+//! "Spyre resource model": sticks, cores, what must stay resident in each core's LX scratchpad),
+//! the program format ([`program`]) and the lowering of a spec to a program ([`lower`]).
+
+pub mod lower;
+pub mod program;
 
 use crate::ir::{DimName, Kernel, Op, Phase};
 

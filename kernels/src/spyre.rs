@@ -1,0 +1,157 @@
+//! Running a spec's Spyre program in the simulator: host tensors are bound to the program's device
+//! tensors (checkpoint layouts transposed to stick layouts, values rounded to DL16 in DL16 mode),
+//! the program runs, the output comes back with the counters and the modeled cost.
+//!
+//! The program is lowered from the spec's IR by `moek_dsl::spyre::lower`, the same function the
+//! macro ran at compile time (where a plan that does not fit is a compile error).
+
+use crate::elem::Elem;
+use crate::inputs::Inputs;
+use moek_dsl::ir::Kernel;
+use moek_dsl::reference::Shape;
+use moek_dsl::spyre::lower::{self, LowerError};
+use moek_dsl::spyre::program::{Program, Role};
+use moek_spyre::simulate::PhaseCounters;
+use moek_spyre::{Cost, Device, Mode, SimError, dl16};
+use thiserror::Error;
+
+#[derive(Debug, Error, PartialEq)]
+pub enum SpyreError {
+    #[error("`{kernel}` has no Spyre program: {why}")]
+    NoProgram { kernel: String, why: LowerError },
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    #[error("the program reads tensor `{0}`, which the op's inputs do not provide")]
+    Unbound(String),
+}
+
+/// What a simulated run produced besides the output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpyreRun {
+    pub counters: Vec<PhaseCounters>,
+    pub cost: Cost,
+}
+
+/// The program of `k` for `W`.
+pub fn program<W: Elem>(k: &Kernel) -> Result<Program, SpyreError> {
+    lower::program(k, W::DTYPE).map_err(|why| SpyreError::NoProgram {
+        kernel: k.name.clone(),
+        why,
+    })
+}
+
+/// Runs `k`'s program on `inputs`, writing the op's output to `out`.
+pub fn run<W: Elem>(
+    k: &Kernel,
+    s: &Shape,
+    inputs: &Inputs<'_, W>,
+    out: &mut [f32],
+    mode: Mode,
+) -> Result<SpyreRun, SpyreError> {
+    let p = program::<W>(k)?;
+    let mut dev = bind(&p, s, inputs, mode)?;
+    let counters = moek_spyre::simulate(&p, mode, &mut dev)?;
+    let result = &dev.tensors["out"];
+    out.copy_from_slice(&result[..out.len()]);
+    Ok(SpyreRun {
+        cost: moek_spyre::model(&counters),
+        counters,
+    })
+}
+
+/// Device tensors for `p` from the op's inputs. Banks are transposed into their stick layouts for
+/// the experts the routes select (the others stay zero: a program that read one would be wrong,
+/// and the equivalence tests would say so).
+fn bind<W: Elem>(
+    p: &Program,
+    s: &Shape,
+    inputs: &Inputs<'_, W>,
+    mode: Mode,
+) -> Result<Device, SpyreError> {
+    let dev16 = |v: f32| {
+        if mode == Mode::Dl16 {
+            dl16::round(v)
+        } else {
+            v
+        }
+    };
+    let widen = |x: &[W]| -> Vec<f32> { x.iter().map(|v| dev16(v.to_f32())).collect() };
+    let (x, idx, weights, gate_up, down, act) = match *inputs {
+        Inputs::GateUp { x, idx, gate_up } => (Some(x), idx, None, Some(gate_up), None, None),
+        Inputs::Down {
+            act,
+            idx,
+            weights,
+            down,
+        } => (None, idx, Some(weights), None, Some(down), Some(act)),
+        Inputs::ExpertFfn {
+            x,
+            idx,
+            weights,
+            gate_up,
+            down,
+        } => (Some(x), idx, Some(weights), Some(gate_up), Some(down), None),
+        Inputs::DenseMlp { .. } | Inputs::LmHeadRow { .. } => {
+            (None, &[][..], None, None, None, None)
+        }
+    };
+    let mut touched: Vec<usize> = idx.iter().map(|&e| e as usize).collect();
+    touched.sort_unstable();
+    touched.dedup();
+    let mut dev = Device::default();
+    for t in &p.tensors {
+        let len: usize = t.shape.iter().product();
+        let unbound = || SpyreError::Unbound(t.name.clone());
+        match (t.role, t.name.as_str()) {
+            (Role::Routes, _) => {
+                dev.routes.insert(t.name.clone(), idx.to_vec());
+            }
+            (Role::RouteWeights, _) => {
+                dev.tensors
+                    .insert(t.name.clone(), weights.ok_or_else(unbound)?.to_vec());
+            }
+            (Role::Input, "x") => {
+                dev.tensors
+                    .insert(t.name.clone(), widen(x.ok_or_else(unbound)?));
+            }
+            (Role::Input, "act") => {
+                let a = act.ok_or_else(unbound)?;
+                dev.tensors
+                    .insert(t.name.clone(), a.iter().map(|&v| dev16(v)).collect());
+            }
+            (Role::Bank, name @ ("gate" | "up")) => {
+                // host [E, 2F, H] (gate rows first) -> device [E, H, F], F on the stick
+                let host = gate_up.ok_or_else(unbound)?;
+                let row0 = if name == "gate" { 0 } else { s.f };
+                let mut v = vec![0f32; len];
+                for &e in &touched {
+                    for j in 0..s.f {
+                        let src = &host[(e * 2 * s.f + row0 + j) * s.h..][..s.h];
+                        for (h, w) in src.iter().enumerate() {
+                            v[(e * s.h + h) * s.f + j] = dev16(w.to_f32());
+                        }
+                    }
+                }
+                dev.tensors.insert(t.name.clone(), v);
+            }
+            (Role::Bank, "down") => {
+                // host [E, H, F] -> device [E, F, H], H on the stick
+                let host = down.ok_or_else(unbound)?;
+                let mut v = vec![0f32; len];
+                for &e in &touched {
+                    for h in 0..s.h {
+                        for (j, w) in host[(e * s.h + h) * s.f..][..s.f].iter().enumerate() {
+                            v[(e * s.f + j) * s.h + h] = dev16(w.to_f32());
+                        }
+                    }
+                }
+                dev.tensors.insert(t.name.clone(), v);
+            }
+            (Role::Output | Role::Scratch, _) => {
+                dev.tensors.insert(t.name.clone(), vec![0f32; len]);
+            }
+            _ => return Err(unbound()),
+        }
+    }
+    Ok(dev)
+}
