@@ -1,0 +1,322 @@
+//! Programs the hardware would refuse are refused before anything runs, each with an error that
+//! names what is wrong and the numbers. The base program is the lowering of a small gather spec.
+
+use moek_dsl::ir::DType;
+use moek_dsl::spyre::program::*;
+use moek_dsl::{check, parse, spyre::lower};
+use moek_spyre::{Device, Mode, SimError, ValidationError, simulate, validate};
+use quote::quote;
+
+fn base() -> Program {
+    let specs = parse::parse_specs(quote! {
+        pub small = expert_ffn {
+            dims: T = 1, R = 2, E = 4, H = 128, F = 64;
+            dtypes: bf16; targets: spyre;
+            select: gather E by R;
+            reduce: H = 64 x 2;
+            cores(gate_up): R x H = 2 x 2;
+            cores(down): R = 2;
+        }
+    })
+    .unwrap();
+    let k = check::check(&specs[0]).unwrap();
+    let p = lower::program(&k, DType::Bf16).unwrap();
+    validate(&p).expect("the base program is valid");
+    p
+}
+
+/// The first op of `phase` matching `pick`.
+fn op_mut(p: &mut Program, phase: usize, pick: impl Fn(&Op) -> bool) -> &mut Op {
+    p.phases[phase]
+        .body
+        .iter_mut()
+        .find(|o| pick(o))
+        .expect("the base program has such an op")
+}
+
+fn refused(p: &Program) -> ValidationError {
+    validate(p).expect_err("the program must be refused")
+}
+
+#[test]
+fn more_than_32_cores() {
+    let mut p = base();
+    p.phases[0].slices = vec![("R".into(), 33)];
+    p.phases[0].core_slice = (0..33).map(|c| vec![c]).collect();
+    assert_eq!(
+        refused(&p),
+        ValidationError::TooManyCores {
+            phase: "gate_up".into(),
+            cores: 33,
+            max: 32
+        }
+    );
+}
+
+#[test]
+fn slices_that_do_not_cover_the_work() {
+    let mut p = base();
+    p.phases[0].core_slice.pop();
+    assert_eq!(
+        refused(&p),
+        ValidationError::SliceCount {
+            phase: "gate_up".into(),
+            expected: 4,
+            got: 3
+        }
+    );
+}
+
+#[test]
+fn two_cores_on_one_slice() {
+    let mut p = base();
+    p.phases[0].core_slice[1] = p.phases[0].core_slice[0].clone();
+    assert_eq!(
+        refused(&p),
+        ValidationError::SlicesOverlap {
+            phase: "gate_up".into(),
+            a: 0,
+            b: 1
+        }
+    );
+}
+
+#[test]
+fn a_slice_beyond_its_dim() {
+    let mut p = base();
+    p.phases[0].core_slice[3] = vec![1, 2];
+    assert!(matches!(
+        refused(&p),
+        ValidationError::SliceOutOfRange {
+            core: 3,
+            coord: 2,
+            parts: 2,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_buffer_off_the_128_byte_grid() {
+    let mut p = base();
+    p.phases[0].buffers[1].addr += 64;
+    assert!(matches!(refused(&p), ValidationError::Misaligned { addr, .. } if addr % 128 == 64));
+}
+
+#[test]
+fn a_plan_over_the_lx_budget() {
+    let mut p = base();
+    p.lx_budget = 1024;
+    assert!(matches!(
+        refused(&p),
+        ValidationError::OverBudget { budget: 1024, .. }
+    ));
+}
+
+#[test]
+fn live_buffers_that_overlap() {
+    let mut p = base();
+    let addr = p.phases[0].buffers[0].addr;
+    p.phases[0].buffers[1].addr = addr;
+    assert!(matches!(refused(&p), ValidationError::Overlap { .. }));
+}
+
+#[test]
+fn a_buffer_used_outside_its_live_range() {
+    let mut p = base();
+    let name = match &p.phases[0].body[0] {
+        Op::DmaIn { to, .. } => to.clone(),
+        other => panic!("the first op loads x: {other:?}"),
+    };
+    let b = p.phases[0]
+        .buffers
+        .iter_mut()
+        .find(|b| b.name == name)
+        .unwrap();
+    b.live = (1, 5);
+    assert!(matches!(
+        refused(&p),
+        ValidationError::NotLive { op: 0, from: 1, .. }
+    ));
+}
+
+#[test]
+fn a_dma_that_is_not_whole_sticks() {
+    let mut p = base();
+    if let Op::DmaIn { region, .. } = op_mut(&mut p, 0, |o| matches!(o, Op::DmaIn { .. })) {
+        region.extent[1] = 32;
+    }
+    assert!(matches!(
+        refused(&p),
+        ValidationError::NotWholeSticks {
+            extent: 32,
+            stick: 64,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_dma_out_of_bounds_on_one_core() {
+    let mut p = base();
+    if let Op::DmaIn { region, .. } = op_mut(&mut p, 0, |o| matches!(o, Op::DmaIn { .. })) {
+        region.start[1] = region.start[1].clone().plus("H", 64);
+    }
+    assert!(matches!(
+        refused(&p),
+        ValidationError::OutOfBounds {
+            core: 1,
+            end: 192,
+            size: 128,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn an_indexed_load_of_a_tensor_that_is_not_a_bank() {
+    let mut p = base();
+    if let Op::IndexedLoad { region, .. } =
+        op_mut(&mut p, 0, |o| matches!(o, Op::IndexedLoad { .. }))
+    {
+        region.tensor = "act".into();
+    }
+    assert!(matches!(refused(&p), ValidationError::NotABank { .. }));
+}
+
+#[test]
+fn a_route_slot_beyond_the_routes() {
+    let mut p = base();
+    if let Op::IndexedLoad { route, .. } =
+        op_mut(&mut p, 0, |o| matches!(o, Op::IndexedLoad { .. }))
+    {
+        route.slot.constant += 7;
+    }
+    assert!(matches!(
+        refused(&p),
+        ValidationError::RouteSlot { slots: 2, .. }
+    ));
+}
+
+#[test]
+fn a_view_wider_than_256_mb() {
+    // One core loads two rows of a tensor whose rows are 300 MB apart.
+    let x = Tensor {
+        name: "x".into(),
+        role: Role::Input,
+        shape: vec![2, 150_000_000],
+        elem_bytes: 2,
+        stick_elems: 64,
+        base: 0,
+    };
+    let region = |rows| Region {
+        tensor: "x".into(),
+        start: vec![Affine::constant(0); 2],
+        extent: vec![rows, 64],
+    };
+    let buffer = Buffer {
+        name: "b".into(),
+        addr: 0,
+        bytes: 256,
+        elems: 128,
+        dl16: true,
+        live: (0, 0),
+    };
+    let phase = |rows| Phase {
+        name: "p".into(),
+        slices: vec![],
+        core_slice: vec![vec![]],
+        buffers: vec![buffer.clone()],
+        body: vec![Op::DmaIn {
+            region: region(rows),
+            to: "b".into(),
+        }],
+    };
+    let program = |rows| Program {
+        kernel: "k".into(),
+        dtype: "bf16".into(),
+        cores_used: 1,
+        lx_budget: 1 << 20,
+        tensors: vec![x.clone()],
+        phases: vec![phase(rows)],
+    };
+    validate(&program(1)).expect("one row is a 128-byte view");
+    assert!(
+        matches!(refused(&program(2)), ValidationError::Span { bytes, limit: 268_435_456, .. } if bytes > 256 << 20)
+    );
+}
+
+#[test]
+fn a_matmul_operand_too_small() {
+    let mut p = base();
+    if let Op::Matmul { k, .. } = op_mut(&mut p, 0, |o| matches!(o, Op::Matmul { .. })) {
+        *k *= 4;
+    }
+    assert!(matches!(refused(&p), ValidationError::Operand { .. }));
+}
+
+#[test]
+fn a_ring_reduction_over_a_dim_not_split() {
+    let mut p = base();
+    if let Op::RingReduce { dim, .. } = op_mut(&mut p, 0, |o| matches!(o, Op::RingReduce { .. })) {
+        *dim = "T".into();
+    }
+    assert!(matches!(refused(&p), ValidationError::NotSplit { .. }));
+}
+
+#[test]
+fn a_loop_that_breaks_the_persistent_contract() {
+    let mut p = base();
+    let body = std::mem::take(&mut p.phases[1].body);
+    let advancing = ["gate", "up", "down"]
+        .map(|t| Advance {
+            tensor: t.into(),
+            per_trip: 1,
+        })
+        .to_vec();
+    p.phases[1].body = vec![Op::Loop {
+        trips: 4,
+        advancing,
+        preheader: vec![],
+        body,
+        drain: vec![],
+    }];
+    let err = refused(&p);
+    assert!(
+        matches!(&err, ValidationError::Loop { why, .. } if why.contains("exactly four")),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_route_outside_the_bank_fails_the_run() {
+    let p = base();
+    let mut dev = Device::default();
+    for t in &p.tensors {
+        let len: usize = t.shape.iter().product();
+        if t.role == Role::Routes {
+            dev.routes.insert(t.name.clone(), vec![9; len]);
+        } else {
+            dev.tensors.insert(t.name.clone(), vec![0.0; len]);
+        }
+    }
+    let err = simulate(&p, Mode::F32, &mut dev).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SimError::Route {
+                route: 9,
+                experts: 4,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_missing_tensor_fails_the_run() {
+    let p = base();
+    let err = simulate(&p, Mode::F32, &mut Device::default()).unwrap_err();
+    assert!(matches!(err, SimError::Tensor { got: 0, .. }), "{err}");
+}
