@@ -37,6 +37,9 @@ enum Command {
     },
     /// Measure decode bandwidth and prefill throughput against this machine's floors.
     Bench(commands::bench::BenchArgs),
+    /// The Spyre cost model beside the public device figures.
+    #[cfg(feature = "spyre")]
+    SpyreCalibrate,
 }
 
 fn main() -> ExitCode {
@@ -46,6 +49,8 @@ fn main() -> ExitCode {
         Command::Emit { name, backend } => commands::emit::run(&name, backend),
         Command::Check { require, filter } => commands::check::run(&require, filter.as_deref()),
         Command::Bench(args) => commands::bench::run(&args),
+        #[cfg(feature = "spyre")]
+        Command::SpyreCalibrate => commands::spyre::run(),
     };
     match result {
         Ok(code) => code,

@@ -63,16 +63,61 @@ fn emit_errors_are_clear() {
 
 #[test]
 fn check_runs_specs_at_real_size_and_reports() {
-    let (ok, out, err) = moek(&["check", "--filter", "decode_gate_up", "--require", "cpu"]);
+    let (ok, out, err) = moek(&[
+        "check",
+        "--filter",
+        "decode_gate_up",
+        "--require",
+        "cpu,spyre",
+    ]);
     assert!(ok, "{out}{err}");
-    assert!(
-        out.contains("decode_gate_up_h704x4                bf16  T=1 R=8 E=128 H=2816 F=704"),
-        "{out}"
+    let row = |target: &str, dtype: &str| {
+        out.lines().any(|l| {
+            l.starts_with(&format!("decode_gate_up_h704x4 [{target}]"))
+                && l.contains(&format!(" {dtype} "))
+                && l.contains("T=1 R=8 E=128 H=2816 F=704")
+                && l.ends_with("yes")
+        })
+    };
+    for target in ["cpu", "spyre"] {
+        for dtype in ["f16", "bf16"] {
+            assert!(
+                row(target, dtype),
+                "no passing {target} {dtype} row in {out}"
+            );
+        }
+    }
+    assert_eq!(
+        out.matches("modeled ").count(),
+        2,
+        "spyre rows carry the cost model: {out}"
     );
     assert!(
-        out.lines().filter(|l| l.ends_with("yes")).count() == 2,
-        "{out}"
+        out.contains("ASSUMED 1.5 GHz"),
+        "the ring clock assumption is printed: {out}"
     );
+}
+
+#[test]
+fn emit_prints_the_spyre_program() {
+    let (ok, out, err) = moek(&["emit", "decode_expert_ffn_blocked", "--backend", "spyre"]);
+    assert!(ok, "{err}");
+    for key in [
+        "\"cores_used\": 8",
+        "\"indexed_load\"",
+        "\"lx_budget\": 1677721",
+        "\"scale_acc\"",
+    ] {
+        assert!(out.contains(key), "no {key} in the program");
+    }
+    let (ok, _, err) = moek(&[
+        "emit",
+        "prefill_expert_ffn_persistent",
+        "--backend",
+        "spyre",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("does not target spyre"), "{err}");
 }
 
 #[test]

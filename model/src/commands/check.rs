@@ -1,10 +1,11 @@
 //! `moek check`: every spec's variants at their real size (26B-A4B sizes for free dims) against the
-//! f64 reference, with the variant dispatch would choose for that problem, the time and the rate.
-//! Exits non-zero when any variant is outside its tolerance.
+//! f64 reference, on every backend this build has, with the variant dispatch would choose for that
+//! problem, the time and the rate (for Spyre: the simulator's time, and the cost model's time, LX
+//! peak and bytes moved). Exits non-zero when any variant is outside its tolerance.
 
 use super::CommandError;
 use moek_kernels::dispatch::{self, Backend};
-use moek_kernels::ir::{DimName, Op, Target};
+use moek_kernels::ir::{DimName, Op};
 use moek_kernels::testing::{self, Report};
 use moek_kernels::{Shape, geometry, specs};
 use std::process::ExitCode;
@@ -20,13 +21,22 @@ pub fn run(require: &[String], filter: Option<&str>) -> Result<ExitCode, Command
     for backend in require {
         match backend.as_str() {
             "cpu" if cfg!(feature = "cpu") => {}
-            "cpu" => return Err(required(backend, "this build has no `cpu` feature")),
+            "spyre" if cfg!(feature = "spyre") => {}
+            "cpu" | "spyre" => {
+                return Err(required(
+                    backend,
+                    &format!("this build has no `{backend}` feature"),
+                ));
+            }
             other => return Err(required(other, "it is not part of this build yet")),
         }
     }
-    let backend = Backend::cpu();
+    let backends: Vec<Backend> = [Backend::cpu(), Backend::spyre()]
+        .into_iter()
+        .filter(Backend::compiled)
+        .collect();
     println!(
-        "{:<36} {:<5} {:<31} {:<30} {:>10} {:>10} {:>9} {:>12}  ok",
+        "{:<44} {:<5} {:<31} {:<30} {:>10} {:>10} {:>9} {:>12}  ok",
         "kernel", "dtype", "shape", "dispatch chooses", "max abs", "rel L2", "ms", "rate"
     );
     let mut failed = 0;
@@ -36,19 +46,24 @@ pub fn run(require: &[String], filter: Option<&str>) -> Result<ExitCode, Command
         .filter(|e| filter.is_none_or(|f| e.name().contains(f)))
     {
         let k = entry.ir();
-        if !k.targets.contains(&Target::Cpu) {
-            continue;
-        }
         let shape = real_shape(k);
-        for &dtype in &k.dtypes {
-            let chosen = dispatch::choose(specs::all(), &backend, k.op, dtype, &shape, None)
-                .map_or_else(|e| format!("none ({e})"), |c| c.kernel);
-            let report = testing::run_seeds(entry, Target::Cpu, dtype, &shape, &[seed]).remove(0);
-            failed += usize::from(!report.passed());
-            print_row(&report, &chosen);
+        for backend in backends.iter().filter(|b| k.targets.contains(&b.target)) {
+            for &dtype in &k.dtypes {
+                let chosen = dispatch::choose(specs::all(), backend, k.op, dtype, &shape, None)
+                    .map_or_else(|e| format!("none ({e})"), |c| c.kernel);
+                let report =
+                    testing::run_seeds(entry, backend.target, dtype, &shape, &[seed]).remove(0);
+                failed += usize::from(!report.passed());
+                print_row(&report, &chosen);
+            }
         }
     }
     println!("seed {seed}; tolerances: moek_dsl::tolerance (docs/numerics.md)");
+    #[cfg(feature = "spyre")]
+    println!(
+        "spyre rows: simulated in DL16; {}",
+        moek_spyre::cost::assumptions()
+    );
     if failed > 0 {
         println!("{failed} variant(s) outside tolerance");
         return Ok(ExitCode::FAILURE);
@@ -81,9 +96,10 @@ fn print_row(r: &Report, chosen: &str) {
     } else {
         format!("{:.1} GF/s", r.flops / r.seconds / 1e9)
     };
+    let kernel = format!("{} [{}]", r.kernel, r.target);
     println!(
-        "{:<36} {:<5} {:<31} {:<30} {:>10.3e} {:>10.3e} {:>9.2} {:>12}  {}",
-        r.kernel,
+        "{:<44} {:<5} {:<31} {:<30} {:>10.3e} {:>10.3e} {:>9.2} {:>12}  {}",
+        kernel,
         r.dtype.to_string(),
         r.shape,
         chosen,
@@ -93,4 +109,15 @@ fn print_row(r: &Report, chosen: &str) {
         rate,
         if r.passed() { "yes" } else { "NO" }
     );
+    if let Some(m) = &r.modeled {
+        println!(
+            "{:<44} modeled {:.3} ms ({} bound), {:.1} MB device<->LX, {:.1} KB ring, LX peak {} B",
+            "",
+            m.seconds * 1e3,
+            m.dominant,
+            m.dev_bytes as f64 / 1e6,
+            m.ring_bytes as f64 / 1e3,
+            m.lx_peak
+        );
+    }
 }

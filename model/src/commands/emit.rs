@@ -34,9 +34,22 @@ pub fn run(name: &str, backend: EmitBackend) -> Result<ExitCode, CommandError> {
     }
     match backend {
         EmitBackend::Cpu => print!("{}", moek_dsl::emit::cpu_source(ir)),
-        EmitBackend::Wgsl | EmitBackend::Spyre => {
+        EmitBackend::Spyre => {
+            // The same lowering the macro ran; programs differ by dtype only in their `dtype`.
+            let program = moek_dsl::spyre::lower::program(ir, ir.dtypes[0]).map_err(|why| {
+                CommandError::NoProgram {
+                    name: name.to_string(),
+                    why: why.to_string(),
+                }
+            })?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&program).expect("programs serialise")
+            );
+        }
+        EmitBackend::Wgsl => {
             return Err(CommandError::NoEmitter {
-                backend: format!("{backend:?}").to_lowercase(),
+                backend: "wgsl".into(),
             });
         }
     }

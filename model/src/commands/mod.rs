@@ -4,6 +4,8 @@ pub mod bench;
 pub mod check;
 pub mod emit;
 pub mod list;
+#[cfg(feature = "spyre")]
+pub mod spyre;
 
 use thiserror::Error;
 
@@ -18,8 +20,10 @@ pub enum CommandError {
         backend: String,
         targets: String,
     },
-    #[error("the {backend} emitter is not part of this build yet; available: cpu")]
+    #[error("the {backend} emitter is not part of this build yet; available: cpu, spyre")]
     NoEmitter { backend: String },
+    #[error("spec `{name}` has no Spyre program: {why}")]
+    NoProgram { name: String, why: String },
     #[error("backend `{backend}` is required but {why}")]
     Required { backend: String, why: String },
     #[error("{0}")]
