@@ -15,10 +15,10 @@ fn a_valid_spec_expands_to_a_module_that_parses() {
     let out = expand(quote! {
         /// Doc.
         pub k = expert_ffn {
-            dims: T = 512, R = 8, E = 128, H = 2816, F = 704;
+            dims: T = 1, R = 8, E = 128, H = 2816, F = 704;
             dtypes: bf16; targets: cpu, spyre;
-            select: dense E; loop: E persistent; groups: T = 32;
-            cores(gate_up): T x H = 8 x 4; cores(down): T x H = 16 x 2;
+            select: gather E by R; reduce: H = 704 x 4; columns: H = [1024, 1024, 768];
+            cores(gate_up): R x H = 8 x 4; cores(down): R = 8;
         }
     });
     let file: syn::File = syn::parse2(out.clone()).expect("the expansion is Rust");
