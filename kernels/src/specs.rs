@@ -72,14 +72,13 @@ kernel! {
     }
 
     /// Prefill: all 128 experts densely over 512 tokens in one persistent loop; x and the
-    /// accumulator stay resident, weights advance one expert bank per trip. (It targets `spyre`
-    /// once the persistent loop's lowering lands; meanwhile its schedule runs on the CPU.) Gate/up splits
+    /// accumulator stay resident, weights advance one expert bank per trip. Gate/up splits
     /// T x H = 8 x 4 (H partial sums completed across cores), down T x H = 16 x 2 (column halves),
     /// 32 token groups own x and the accumulator.
     pub prefill_expert_ffn_persistent = expert_ffn {
         dims:            T = 512, R = 8, E = 128, H = 2816, F = 704;
         dtypes:          f16, bf16;
-        targets:         cpu;
+        targets:         cpu, spyre;
         select:          dense E;
         loop:            E persistent;
         groups:          T = 32;

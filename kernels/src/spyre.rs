@@ -12,7 +12,7 @@ use moek_dsl::reference::Shape;
 use moek_dsl::spyre::lower::{self, LowerError};
 use moek_dsl::spyre::program::{Program, Role};
 use moek_spyre::simulate::PhaseCounters;
-use moek_spyre::{Cost, Device, Mode, SimError, dl16};
+use moek_spyre::{Cost, Data, Device, Mode, SimError};
 use thiserror::Error;
 
 #[derive(Debug, Error, PartialEq)]
@@ -51,7 +51,7 @@ pub fn run<W: Elem>(
     let p = program::<W>(k)?;
     let mut dev = bind(&p, s, inputs, mode)?;
     let counters = moek_spyre::simulate(&p, mode, &mut dev)?;
-    let result = &dev.tensors["out"];
+    let result = dev.tensors["out"].to_f32();
     out.copy_from_slice(&result[..out.len()]);
     Ok(SpyreRun {
         cost: moek_spyre::model(&counters),
@@ -59,23 +59,29 @@ pub fn run<W: Elem>(
     })
 }
 
-/// Device tensors for `p` from the op's inputs. Banks are transposed into their stick layouts for
-/// the experts the routes select (the others stay zero: a program that read one would be wrong,
-/// and the equivalence tests would say so).
+/// Device tensors for `p` from the op's inputs. Banks are transposed into their stick layouts: every
+/// expert for a dense program, the experts the routes select for a gather program (the others stay
+/// zero: a program that read one would be wrong, and the equivalence tests would say so).
 fn bind<W: Elem>(
     p: &Program,
     s: &Shape,
     inputs: &Inputs<'_, W>,
     mode: Mode,
 ) -> Result<Device, SpyreError> {
-    let dev16 = |v: f32| {
+    // 2-byte device tensors are DL16 in DL16 mode (two bytes an element, as on the card).
+    let half = |len: usize| {
         if mode == Mode::Dl16 {
-            dl16::round(v)
+            Data::Dl16(vec![0; len])
         } else {
-            v
+            Data::F32(vec![0.0; len])
         }
     };
-    let widen = |x: &[W]| -> Vec<f32> { x.iter().map(|v| dev16(v.to_f32())).collect() };
+    let fill = |len: usize, values: &mut dyn Iterator<Item = f32>| {
+        let mut d = half(len);
+        let v: Vec<f32> = values.collect();
+        d.write_all(&v);
+        d
+    };
     let (x, idx, weights, gate_up, down, act) = match *inputs {
         Inputs::GateUp { x, idx, gate_up } => (Some(x), idx, None, Some(gate_up), None, None),
         Inputs::Down {
@@ -95,63 +101,82 @@ fn bind<W: Elem>(
             (None, &[][..], None, None, None, None)
         }
     };
-    let mut touched: Vec<usize> = idx.iter().map(|&e| e as usize).collect();
-    touched.sort_unstable();
-    touched.dedup();
+    let dense = p.tensors.iter().any(|t| t.role == Role::DenseRoutes);
+    let experts: Vec<usize> = if dense {
+        (0..s.e).collect()
+    } else {
+        let mut touched: Vec<usize> = idx.iter().map(|&e| e as usize).collect();
+        touched.sort_unstable();
+        touched.dedup();
+        touched
+    };
     let mut dev = Device::default();
     for t in &p.tensors {
         let len: usize = t.shape.iter().product();
         let unbound = || SpyreError::Unbound(t.name.clone());
-        match (t.role, t.name.as_str()) {
+        let data = match (t.role, t.name.as_str()) {
             (Role::Routes, _) => {
                 dev.routes.insert(t.name.clone(), idx.to_vec());
+                continue;
             }
-            (Role::RouteWeights, _) => {
-                dev.tensors
-                    .insert(t.name.clone(), weights.ok_or_else(unbound)?.to_vec());
+            (Role::RouteWeights, _) => Data::F32(weights.ok_or_else(unbound)?.to_vec()),
+            (Role::DenseRoutes, _) => {
+                // [E, T, lanes]: each (expert, token) weight fills one stick; repeated routes add.
+                let w = weights.ok_or_else(unbound)?;
+                let lanes = t.shape[2];
+                let mut v = vec![0f32; len];
+                for (slot, &e) in idx.iter().enumerate() {
+                    let row = (e as usize * s.t + slot / s.r) * lanes;
+                    v[row..row + lanes].iter_mut().for_each(|x| *x += w[slot]);
+                }
+                Data::F32(v)
             }
-            (Role::Input, "x") => {
-                dev.tensors
-                    .insert(t.name.clone(), widen(x.ok_or_else(unbound)?));
-            }
-            (Role::Input, "act") => {
-                let a = act.ok_or_else(unbound)?;
-                dev.tensors
-                    .insert(t.name.clone(), a.iter().map(|&v| dev16(v)).collect());
-            }
+            (Role::Input, "x") => fill(len, &mut x.ok_or_else(unbound)?.iter().map(|v| v.to_f32())),
+            (Role::Input, "act") => fill(len, &mut act.ok_or_else(unbound)?.iter().copied()),
             (Role::Bank, name @ ("gate" | "up")) => {
                 // host [E, 2F, H] (gate rows first) -> device [E, H, F], F on the stick
                 let host = gate_up.ok_or_else(unbound)?;
                 let row0 = if name == "gate" { 0 } else { s.f };
-                let mut v = vec![0f32; len];
-                for &e in &touched {
+                let mut d = half(len);
+                let mut v = vec![0f32; s.h * s.f];
+                for &e in &experts {
                     for j in 0..s.f {
-                        let src = &host[(e * 2 * s.f + row0 + j) * s.h..][..s.h];
-                        for (h, w) in src.iter().enumerate() {
-                            v[(e * s.h + h) * s.f + j] = dev16(w.to_f32());
+                        for (h, w) in host[(e * 2 * s.f + row0 + j) * s.h..][..s.h]
+                            .iter()
+                            .enumerate()
+                        {
+                            v[h * s.f + j] = w.to_f32();
                         }
                     }
+                    d.write_at(e * s.h * s.f, &v);
                 }
-                dev.tensors.insert(t.name.clone(), v);
+                d
             }
             (Role::Bank, "down") => {
                 // host [E, H, F] -> device [E, F, H], H on the stick
                 let host = down.ok_or_else(unbound)?;
-                let mut v = vec![0f32; len];
-                for &e in &touched {
+                let mut d = half(len);
+                let mut v = vec![0f32; s.h * s.f];
+                for &e in &experts {
                     for h in 0..s.h {
                         for (j, w) in host[(e * s.h + h) * s.f..][..s.f].iter().enumerate() {
-                            v[(e * s.f + j) * s.h + h] = dev16(w.to_f32());
+                            v[j * s.h + h] = w.to_f32();
                         }
                     }
+                    d.write_at(e * s.f * s.h, &v);
                 }
-                dev.tensors.insert(t.name.clone(), v);
+                d
             }
             (Role::Output | Role::Scratch, _) => {
-                dev.tensors.insert(t.name.clone(), vec![0f32; len]);
+                if t.elem_bytes == 2 {
+                    half(len)
+                } else {
+                    Data::F32(vec![0.0; len])
+                }
             }
             _ => return Err(unbound()),
-        }
+        };
+        dev.tensors.insert(t.name.clone(), data);
     }
     Ok(dev)
 }

@@ -1,5 +1,6 @@
 //! The cost model, from public constants only (DESIGN.md): 1.536 TMAC/s of DL16 per core,
-//! 204.8 GB/s of device memory shared by the active cores, a ring of 128 B per cycle per direction
+//! 204.8 GB/s of device memory shared by the active cores (up to 8 cores reading the same region
+//! share one broadcast read: the simulator charges bytes that way), a ring of 128 B per cycle per direction
 //! at an assumed 1.5 GHz (the clock is not public: every report prints the assumption). Each core's
 //! DMA, compute and ring work overlap (double-buffered tiles), so a core takes the longest of the
 //! three; a phase takes its slowest core; phases run one after another. Nothing is fitted.
@@ -81,7 +82,7 @@ pub fn model(counters: &[PhaseCounters]) -> Cost {
 /// The assumption every printed cost carries.
 pub fn assumptions() -> String {
     format!(
-        "cost model: {:.3} TMAC/s per core, {:.1} GB/s device memory shared by active cores, ring {} B/cycle at an ASSUMED {:.1} GHz; DMA, compute and ring overlap per core",
+        "cost model: {:.3} TMAC/s per core, {:.1} GB/s device memory shared by active cores (broadcast reads shared by up to 8), ring {} B/cycle at an ASSUMED {:.1} GHz; DMA, compute and ring overlap per core",
         MACS_PER_CORE / 1e12,
         DEVICE_BYTES_PER_S / 1e9,
         RING_BYTES_PER_CYCLE,

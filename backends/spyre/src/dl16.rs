@@ -33,6 +33,42 @@ pub fn round(x: f32) -> f32 {
     }
 }
 
+/// `x` rounded to DL16 and packed into 16 bits (sign, 6 exponent bits, 9 fraction bits), so a
+/// device tensor takes two bytes per element in the simulator as on the card.
+pub fn encode(x: f32) -> u16 {
+    let r = round(x);
+    let sign = ((r.to_bits() >> 31) as u16) << 15;
+    if r.is_nan() {
+        return sign | 0x7FFF;
+    }
+    if r == 0.0 {
+        return sign;
+    }
+    let bits = r.to_bits();
+    let exponent = ((bits >> 23) & 0xFF) as i32 - 127 + BIAS;
+    sign | ((exponent as u16) << FRACTION) | ((bits >> (23 - FRACTION)) & 0x1FF) as u16
+}
+
+/// The value of a packed DL16 number.
+pub fn decode(v: u16) -> f32 {
+    let sign = u32::from(v >> 15) << 31;
+    let exponent = i32::from((v >> FRACTION) & 0x3F);
+    let fraction = u32::from(v & 0x1FF);
+    match exponent {
+        0 => f32::from_bits(sign),
+        63 => f32::NAN,
+        e => {
+            f32::from_bits(sign | (((e - BIAS + 127) as u32) << 23) | (fraction << (23 - FRACTION)))
+        }
+    }
+}
+
+/// The value of every packed DL16 number, indexed by its bits (the simulator's fast decode).
+pub fn table() -> &'static [f32] {
+    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| (0..=u16::MAX).map(decode).collect())
+}
+
 /// The exponent range, for tests and docs.
 pub fn exponent_range() -> (i32, i32) {
     (1 - BIAS, 62 - BIAS)
@@ -60,6 +96,17 @@ mod tests {
         assert_eq!(round(1e12), MAX);
         assert_eq!(round(-1e12), -MAX);
         assert_eq!(exponent_range(), (-30, 31));
+    }
+
+    #[test]
+    fn packing_round_trips_every_rounded_value() {
+        for i in -5000..5000 {
+            let x = i as f32 * 0.013 + 1e-3;
+            assert_eq!(decode(encode(x)), round(x), "{x}");
+        }
+        assert_eq!(decode(encode(MAX)), MAX);
+        assert_eq!(decode(encode(-MIN_NORMAL)), -MIN_NORMAL);
+        assert_eq!(decode(encode(1e-12)), 0.0);
     }
 
     #[test]

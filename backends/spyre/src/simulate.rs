@@ -1,30 +1,100 @@
 //! A functional simulator: every core of every phase executes the program's ops in lockstep (ring
-//! reductions need all of a group at once), on real data, in DL16 or exact f32, counting the
-//! bytes each core moves between device memory and LX, over the ring, and its multiply-adds.
+//! reductions need all of a group at once; counted loops run trip by trip), on real data, in DL16
+//! or exact f32, counting the bytes each core moves between device memory and LX, over the ring,
+//! and its multiply-adds. Cores run in parallel between ops that couple them.
 
 use crate::dl16;
 use crate::validate::{ValidationError, validate};
-use moek_dsl::reference::gelu_tanh;
 use moek_dsl::spyre::program::*;
+use rayon::prelude::*;
 use std::collections::HashMap;
 use thiserror::Error;
+
+/// A core's read in one op: the core and its bytes.
+type Read = (usize, u64);
+
+/// Cores that share one broadcast read of device memory (torch-spyre's cost model constant).
+pub const BROADCAST: usize = 8;
 
 /// Number handling of a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
-    /// Device tensors and DL16 buffers hold DL16 values (rounded on upload and on every write);
-    /// matmul accumulators stay f32, as on the device.
+    /// Device tensors and DL16 buffers hold DL16 values (rounded on every write); matmul
+    /// accumulators stay f32, as on the device.
     Dl16,
     /// Everything exact f32 (to separate the format's error from the schedule's).
     F32,
 }
 
-/// Device memory: every tensor by name, logical row-major values (route indices apart). Values
-/// are already in the device's format: whoever binds host data rounds 2-byte tensors to DL16 in
-/// DL16 mode (`dl16::round`).
+/// One device tensor's values.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Data {
+    F32(Vec<f32>),
+    /// Packed DL16 (`dl16::encode`): two bytes an element, as on the card.
+    Dl16(Vec<u16>),
+}
+
+impl Data {
+    pub fn len(&self) -> usize {
+        match self {
+            Data::F32(v) => v.len(),
+            Data::Dl16(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn read(&self, off: usize, dst: &mut [f32]) {
+        match self {
+            Data::F32(v) => dst.copy_from_slice(&v[off..off + dst.len()]),
+            Data::Dl16(v) => {
+                let table = dl16::table();
+                dst.iter_mut()
+                    .zip(&v[off..])
+                    .for_each(|(d, s)| *d = table[usize::from(*s)]);
+            }
+        }
+    }
+
+    fn write(&mut self, off: usize, src: &[f32], round: bool) {
+        match self {
+            Data::F32(v) => {
+                for (d, s) in v[off..off + src.len()].iter_mut().zip(src) {
+                    *d = if round { dl16::round(*s) } else { *s };
+                }
+            }
+            Data::Dl16(v) => v[off..off + src.len()]
+                .iter_mut()
+                .zip(src)
+                .for_each(|(d, s)| *d = dl16::encode(*s)),
+        }
+    }
+
+    /// Writes `src` from element `off`, in the tensor's format (DL16 data rounds).
+    pub fn write_at(&mut self, off: usize, src: &[f32]) {
+        self.write(off, src, false);
+    }
+
+    /// Writes `src` from the first element.
+    pub fn write_all(&mut self, src: &[f32]) {
+        self.write(0, src, false);
+    }
+
+    /// All values as f32 (for reading results back).
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.len()];
+        self.read(0, &mut out);
+        out
+    }
+}
+
+/// Device memory: every tensor by name, logical row-major values (route indices apart). Whoever
+/// binds host data gives 2-byte tensors as `Data::Dl16` in DL16 mode.
 #[derive(Clone, Debug, Default)]
 pub struct Device {
-    pub tensors: HashMap<String, Vec<f32>>,
+    pub tensors: HashMap<String, Data>,
     pub routes: HashMap<String, Vec<u32>>,
 }
 
@@ -66,8 +136,6 @@ pub enum SimError {
         route: u32,
         experts: usize,
     },
-    #[error("the simulator does not run counted loops yet")]
-    Loop,
 }
 
 /// Validates `p`, then runs it on `dev`, which receives the outputs.
@@ -78,7 +146,7 @@ pub fn simulate(p: &Program, mode: Mode, dev: &mut Device) -> Result<Vec<PhaseCo
         let got = if t.role == Role::Routes {
             dev.routes.get(&t.name).map_or(0, Vec::len)
         } else {
-            dev.tensors.get(&t.name).map_or(0, Vec::len)
+            dev.tensors.get(&t.name).map_or(0, Data::len)
         };
         if got != expected {
             return Err(SimError::Tensor {
@@ -94,12 +162,23 @@ pub fn simulate(p: &Program, mode: Mode, dev: &mut Device) -> Result<Vec<PhaseCo
         .collect()
 }
 
+/// One core's LX and counters.
+struct Core<'a> {
+    coords: &'a [usize],
+    lx: HashMap<&'a str, Vec<f32>>,
+    counters: Counters,
+    /// The device read of the current op: tensor, start, bytes (charged after the op, when the
+    /// cores that read the same region share broadcast reads).
+    read: Option<(String, Vec<usize>, u64)>,
+}
+
 struct Run<'a> {
     p: &'a Program,
     ph: &'a Phase,
     mode: Mode,
-    lx: Vec<HashMap<&'a str, Vec<f32>>>,
-    counters: Vec<Counters>,
+    cores: Vec<Core<'a>>,
+    /// Rows of their first dim the advancing tensors have moved (inside a loop).
+    advanced: HashMap<&'a str, usize>,
 }
 
 impl<'a> Run<'a> {
@@ -110,74 +189,215 @@ impl<'a> Run<'a> {
             .map(|b| b.addr + b.bytes)
             .max()
             .unwrap_or(0);
-        let lx = ph
+        let cores = ph
             .core_slice
             .iter()
-            .map(|_| {
-                ph.buffers
+            .map(|coords| Core {
+                coords,
+                lx: ph
+                    .buffers
                     .iter()
                     .map(|b| (b.name.as_str(), vec![0f32; b.elems]))
-                    .collect()
+                    .collect(),
+                counters: Counters {
+                    lx_peak: peak,
+                    ..Counters::default()
+                },
+                read: None,
             })
             .collect();
-        let counters = vec![
-            Counters {
-                lx_peak: peak,
-                ..Counters::default()
-            };
-            ph.core_slice.len()
-        ];
         Run {
             p,
             ph,
             mode,
-            lx,
-            counters,
+            cores,
+            advanced: HashMap::new(),
         }
     }
 
     fn phase(mut self, dev: &mut Device) -> Result<PhaseCounters, SimError> {
-        for op in &self.ph.body {
-            self.op(op, dev)?;
-        }
+        self.ops(&self.ph.body, dev)?;
         Ok(PhaseCounters {
             phase: self.ph.name.clone(),
-            cores: self.counters,
+            cores: self.cores.into_iter().map(|c| c.counters).collect(),
         })
     }
 
+    fn ops(&mut self, ops: &'a [Op], dev: &mut Device) -> Result<(), SimError> {
+        ops.iter().try_for_each(|op| self.op(op, dev))
+    }
+
     fn op(&mut self, op: &'a Op, dev: &mut Device) -> Result<(), SimError> {
-        let cores = self.ph.core_slice.len();
         match op {
             Op::RingReduce { buffer, dim, elems } => self.ring(buffer, dim, *elems),
-            Op::Loop { .. } => return Err(SimError::Loop),
-            _ => {
-                for core in 0..cores {
-                    self.on_core(core, op, dev)?;
+            Op::Loop {
+                trips,
+                advancing,
+                preheader,
+                body,
+                drain,
+            } => {
+                self.ops(preheader, dev)?;
+                for trip in 0..*trips {
+                    for a in advancing {
+                        self.advanced.insert(&a.tensor, trip * a.per_trip);
+                    }
+                    self.ops(body, dev)?;
                 }
+                self.advanced.clear();
+                self.ops(drain, dev)?;
+            }
+            Op::DmaOut {
+                from,
+                region,
+                owner,
+            } => {
+                for core in 0..self.cores.len() {
+                    self.dma_out(core, from, region, owner, dev);
+                }
+            }
+            _ => {
+                let ctx = Ctx {
+                    p: self.p,
+                    ph: self.ph,
+                    mode: self.mode,
+                    advanced: &self.advanced,
+                    dev,
+                };
+                self.cores
+                    .par_iter_mut()
+                    .try_for_each(|core| ctx.on_core(core, op))?;
+                self.charge_reads();
             }
         }
         Ok(())
     }
 
-    fn on_core(&mut self, core: usize, op: &'a Op, dev: &mut Device) -> Result<(), SimError> {
-        let coords = &self.ph.core_slice[core];
-        let eval = |a: &Affine| a.eval(&self.ph.slices, coords);
+    fn dma_out(
+        &mut self,
+        core: usize,
+        from: &str,
+        region: &Region,
+        owner: &[(String, usize)],
+        dev: &mut Device,
+    ) {
+        let c = &mut self.cores[core];
+        let writes = owner.iter().all(|(d, want)| {
+            self.ph
+                .slices
+                .iter()
+                .position(|(n, _)| n == d)
+                .is_none_or(|i| c.coords[i] == *want)
+        });
+        if !writes {
+            return;
+        }
+        let t = self.p.tensor(&region.tensor).expect("validated");
+        let start: Vec<usize> = region
+            .start
+            .iter()
+            .map(|a| a.eval(&self.ph.slices, c.coords))
+            .collect();
+        let round = self.mode == Mode::Dl16 && t.elem_bytes == 2;
+        let src = &c.lx[from];
+        let dst = dev.tensors.get_mut(&t.name).expect("checked on entry");
+        for (i, off, n) in runs(&t.shape, &start, &region.extent) {
+            dst.write(off, &src[i..i + n], round);
+        }
+        c.counters.lx_to_dev += bytes(t, &region.extent);
+    }
+
+    /// Charges the op's device reads: cores reading the same region share broadcast reads, up
+    /// to [`BROADCAST`] cores per read (a public constant of the device's cost model).
+    fn charge_reads(&mut self) {
+        let mut groups: HashMap<(String, Vec<usize>), Vec<Read>> = HashMap::new();
+        for (i, core) in self.cores.iter_mut().enumerate() {
+            if let Some((tensor, start, bytes)) = core.read.take() {
+                groups.entry((tensor, start)).or_default().push((i, bytes));
+            }
+        }
+        for members in groups.into_values() {
+            let (n, bytes) = (members.len() as u64, members[0].1);
+            let total = bytes * n.div_ceil(BROADCAST as u64);
+            // The group's reads, spread over its members (the remainder on the first).
+            for (k, &(i, _)) in members.iter().enumerate() {
+                self.cores[i].counters.dev_to_lx += total / n + if k == 0 { total % n } else { 0 };
+            }
+        }
+    }
+
+    /// The completed sum over the cores that differ only in `dim` within its work division, in
+    /// slice order.
+    fn ring(&mut self, buffer: &'a str, dim: &str, elems: usize) {
+        let d = self
+            .ph
+            .slices
+            .iter()
+            .position(|(n, _)| n == dim)
+            .expect("validated");
+        let division: Vec<usize> = match self
+            .ph
+            .divisions
+            .iter()
+            .find(|g| g.iter().any(|n| n == dim))
+        {
+            Some(group) => group
+                .iter()
+                .filter_map(|n| self.ph.slices.iter().position(|s| &s.0 == n))
+                .collect(),
+            None => (0..self.ph.slices.len()).collect(),
+        };
+        let mut groups: HashMap<Vec<usize>, Vec<usize>> = HashMap::new();
+        for (core, c) in self.cores.iter().enumerate() {
+            let key: Vec<usize> = division
+                .iter()
+                .filter(|&&i| i != d)
+                .map(|&i| c.coords[i])
+                .collect();
+            groups.entry(key).or_default().push(core);
+        }
+        let round = self.mode == Mode::Dl16 && self.ph.buffer(buffer).is_some_and(|b| b.dl16);
+        for mut members in groups.into_values() {
+            members.sort_by_key(|&core| self.cores[core].coords[d]);
+            let mut sum = vec![0f32; elems];
+            for &core in &members {
+                sum.iter_mut()
+                    .zip(&self.cores[core].lx[buffer])
+                    .for_each(|(s, v)| *s += v);
+                self.cores[core].counters.ring += (elems * 4) as u64;
+            }
+            if round {
+                sum.iter_mut().for_each(|x| *x = dl16::round(*x));
+            }
+            for &core in &members {
+                self.cores[core].lx.get_mut(buffer).expect("validated")[..elems]
+                    .copy_from_slice(&sum);
+            }
+        }
+    }
+}
+
+/// What a core's op reads besides its own LX.
+struct Ctx<'a, 'd> {
+    p: &'a Program,
+    ph: &'a Phase,
+    mode: Mode,
+    advanced: &'d HashMap<&'a str, usize>,
+    dev: &'d Device,
+}
+
+impl<'a> Ctx<'a, '_> {
+    fn on_core(&self, core: &mut Core<'a>, op: &'a Op) -> Result<(), SimError> {
+        let eval = |a: &Affine| a.eval(&self.ph.slices, core.coords);
         match op {
             Op::DmaIn { region, to } => {
-                let t = self.p.tensor(&region.tensor).expect("validated");
                 let start: Vec<usize> = region.start.iter().map(eval).collect();
-                let src = &dev.tensors[&t.name];
-                let dst = self.lx[core].get_mut(to.as_str()).expect("validated");
-                for (i, off, n) in runs(&t.shape, &start, &region.extent) {
-                    dst[i..i + n].copy_from_slice(&src[off..off + n]);
-                }
-                self.counters[core].dev_to_lx += bytes(t, &region.extent);
+                self.load(core, region, start, to);
             }
             Op::IndexedLoad { region, route, to } => {
                 let t = self.p.tensor(&region.tensor).expect("validated");
                 let slot = eval(&route.slot);
-                let e = dev.routes[&route.routes][slot];
+                let e = self.dev.routes[&route.routes][slot];
                 if e as usize >= t.shape[0] {
                     return Err(SimError::Route {
                         routes: route.routes.clone(),
@@ -188,41 +408,11 @@ impl<'a> Run<'a> {
                 }
                 let mut start: Vec<usize> = region.start.iter().map(eval).collect();
                 start[0] = e as usize;
-                let src = &dev.tensors[&t.name];
-                let dst = self.lx[core].get_mut(to.as_str()).expect("validated");
-                for (i, off, n) in runs(&t.shape, &start, &region.extent) {
-                    dst[i..i + n].copy_from_slice(&src[off..off + n]);
-                }
-                self.counters[core].dev_to_lx += bytes(t, &region.extent);
-            }
-            Op::DmaOut {
-                from,
-                region,
-                owner,
-            } => {
-                let writes = owner.iter().all(|(d, want)| {
-                    self.ph
-                        .slices
-                        .iter()
-                        .position(|(n, _)| n == d)
-                        .is_none_or(|i| coords[i] == *want)
-                });
-                if writes {
-                    let t = self.p.tensor(&region.tensor).expect("validated");
-                    let start: Vec<usize> = region.start.iter().map(eval).collect();
-                    let round = self.mode == Mode::Dl16 && t.elem_bytes == 2;
-                    let src = &self.lx[core][from.as_str()];
-                    let dst = dev.tensors.get_mut(&t.name).expect("checked on entry");
-                    for (i, off, n) in runs(&t.shape, &start, &region.extent) {
-                        for (d, v) in dst[off..off + n].iter_mut().zip(&src[i..i + n]) {
-                            *d = if round { dl16::round(*v) } else { *v };
-                        }
-                    }
-                    self.counters[core].lx_to_dev += bytes(t, &region.extent);
-                }
+                self.load(core, region, start, to);
             }
             Op::Matmul {
                 a,
+                a_at,
                 b,
                 out,
                 m,
@@ -230,32 +420,42 @@ impl<'a> Run<'a> {
                 n,
                 accumulate,
             } => {
-                let mut o = std::mem::take(self.lx[core].get_mut(out.as_str()).expect("validated"));
-                let (av, bv) = (&self.lx[core][a.as_str()], &self.lx[core][b.as_str()]);
+                let mut o = std::mem::take(core.lx.get_mut(out.as_str()).expect("validated"));
+                let at = eval(a_at);
+                let (av, bv) = (&core.lx[a.as_str()][at..at + m * k], &core.lx[b.as_str()]);
                 if !accumulate {
                     o[..m * n].fill(0.0);
                 }
-                for i in 0..*m {
-                    let row = &mut o[i * n..(i + 1) * n];
-                    for p in 0..*k {
-                        let x = av[i * k + p];
-                        for (r, w) in row.iter_mut().zip(&bv[p * n..(p + 1) * n]) {
-                            *r += x * w;
-                        }
-                    }
-                }
+                // b is [k, n]: transpose it once so the CPU's GEMM tiles read both along k.
+                let bt = transpose(&bv[..k * n], *k, *n);
+                moek_cpu::gemm_nt(av, *k, &bt, *k, &mut o, *n, *m, *n, *k);
                 self.store(core, out, o);
-                self.counters[core].macs += (m * k * n) as u64;
+                core.counters.macs += (m * k * n) as u64;
             }
-            Op::Sfp(sfp) => self.sfp(core, sfp, &eval),
-            Op::RingReduce { .. } | Op::Loop { .. } => unreachable!("handled across cores"),
+            Op::Sfp(sfp) => self.sfp(core, sfp),
+            Op::RingReduce { .. } | Op::Loop { .. } | Op::DmaOut { .. } => {
+                unreachable!("run across cores")
+            }
         }
         Ok(())
     }
 
-    fn sfp(&mut self, core: usize, sfp: &'a Sfp, eval: &dyn Fn(&Affine) -> usize) {
-        let lx = &mut self.lx[core];
-        let result = match sfp {
+    /// Device -> LX: the region (advanced by the loop's trip for advancing tensors).
+    fn load(&self, core: &mut Core<'a>, region: &Region, mut start: Vec<usize>, to: &'a str) {
+        let t = self.p.tensor(&region.tensor).expect("validated");
+        start[0] += self.advanced.get(t.name.as_str()).copied().unwrap_or(0);
+        let src = &self.dev.tensors[&t.name];
+        let dst = core.lx.get_mut(to).expect("validated");
+        for (i, off, n) in runs(&t.shape, &start, &region.extent) {
+            src.read(off, &mut dst[i..i + n]);
+        }
+        core.read = Some((t.name.clone(), start, bytes(t, &region.extent)));
+    }
+
+    fn sfp(&self, core: &mut Core<'a>, sfp: &'a Sfp) {
+        let eval = |a: &Affine| a.eval(&self.ph.slices, core.coords);
+        let lx = &mut core.lx;
+        let (name, o) = match sfp {
             Sfp::Zero { out, elems } => {
                 let mut o = std::mem::take(lx.get_mut(out.as_str()).expect("validated"));
                 o[..*elems].fill(0.0);
@@ -271,8 +471,9 @@ impl<'a> Run<'a> {
             }
             Sfp::GeluMul { g, u, out, elems } => {
                 let mut o = std::mem::take(lx.get_mut(out.as_str()).expect("validated"));
+                let (gv, uv) = (&lx[g.as_str()], &lx[u.as_str()]);
                 for i in 0..*elems {
-                    o[i] = (gelu_tanh(f64::from(lx[g.as_str()][i])) as f32) * lx[u.as_str()][i];
+                    o[i] = moek_cpu::gelu_tanh(gv[i]) * uv[i];
                 }
                 (out, o)
             }
@@ -280,63 +481,30 @@ impl<'a> Run<'a> {
                 acc,
                 acc_at,
                 y,
+                y_at,
                 w,
                 w_at,
                 elems,
             } => {
                 let mut o = std::mem::take(lx.get_mut(acc.as_str()).expect("validated"));
                 let wv = lx[w.as_str()][eval(w_at)];
+                let yv = &lx[y.as_str()][*y_at..y_at + elems];
                 o[*acc_at..acc_at + elems]
                     .iter_mut()
-                    .zip(&lx[y.as_str()])
+                    .zip(yv)
                     .for_each(|(a, y)| *a += wv * y);
                 (acc, o)
             }
         };
-        self.store(core, result.0, result.1);
+        self.store(core, name, o);
     }
 
     /// Puts a buffer back, rounding it when it is a DL16 buffer in DL16 mode.
-    fn store(&mut self, core: usize, name: &'a str, mut v: Vec<f32>) {
-        let dl16 = self.ph.buffer(name).is_some_and(|b| b.dl16);
-        if dl16 && self.mode == Mode::Dl16 {
+    fn store(&self, core: &mut Core<'a>, name: &'a str, mut v: Vec<f32>) {
+        if self.mode == Mode::Dl16 && self.ph.buffer(name).is_some_and(|b| b.dl16) {
             v.iter_mut().for_each(|x| *x = dl16::round(*x));
         }
-        self.lx[core].insert(name, v);
-    }
-
-    /// The completed sum over the cores that differ only in `dim`, in slice order.
-    fn ring(&mut self, buffer: &'a str, dim: &str, elems: usize) {
-        let d = self
-            .ph
-            .slices
-            .iter()
-            .position(|(n, _)| n == dim)
-            .expect("validated");
-        let key = |c: &Vec<usize>| {
-            let mut k = c.clone();
-            k.remove(d);
-            k
-        };
-        let mut groups: HashMap<Vec<usize>, Vec<usize>> = HashMap::new();
-        for (core, c) in self.ph.core_slice.iter().enumerate() {
-            groups.entry(key(c)).or_default().push(core);
-        }
-        for mut members in groups.into_values() {
-            members.sort_by_key(|&core| self.ph.core_slice[core][d]);
-            let mut sum = vec![0f32; elems];
-            for &core in &members {
-                sum.iter_mut()
-                    .zip(&self.lx[core][buffer])
-                    .for_each(|(s, v)| *s += v);
-                self.counters[core].ring += (elems * 4) as u64;
-            }
-            for &core in &members {
-                let mut v = std::mem::take(self.lx[core].get_mut(buffer).expect("validated"));
-                v[..elems].copy_from_slice(&sum);
-                self.store(core, buffer, v);
-            }
-        }
+        core.lx.insert(name, v);
     }
 }
 
@@ -361,6 +529,22 @@ fn runs<'s>(
         }
         (i, off, len)
     })
+}
+
+/// `[rows, cols]` -> `[cols, rows]`, in cache-sized blocks.
+fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    const B: usize = 32;
+    let mut t = vec![0f32; rows * cols];
+    for r0 in (0..rows).step_by(B) {
+        for c0 in (0..cols).step_by(B) {
+            for r in r0..(r0 + B).min(rows) {
+                for c in c0..(c0 + B).min(cols) {
+                    t[c * rows + r] = m[r * cols + c];
+                }
+            }
+        }
+    }
+    t
 }
 
 /// Bytes a DMA of `extent` moves: whole sticks along the last dim.

@@ -191,8 +191,8 @@ struct Checker<'a> {
     phase: &'a Phase,
     /// Index of the op being checked in the flattened op list.
     op: usize,
-    /// The advancing tensors of the enclosing loop body.
-    in_loop: Option<Vec<String>>,
+    /// The advancing tensors of the enclosing loop body, with their rows per trip.
+    in_loop: Option<Vec<(String, usize)>>,
 }
 
 type R = Result<(), ValidationError>;
@@ -219,15 +219,6 @@ impl Checker<'_> {
                 max: CORES,
             });
         }
-        let expected: usize = ph.slices.iter().map(|s| s.1).product();
-        if expected != cores {
-            return Err(ValidationError::SliceCount {
-                phase: self.name(),
-                expected,
-                got: cores,
-            });
-        }
-        let mut seen: Vec<&Vec<usize>> = Vec::new();
         for (core, coords) in ph.core_slice.iter().enumerate() {
             for ((dim, parts), &coord) in ph.slices.iter().zip(coords) {
                 if coord >= *parts {
@@ -240,14 +231,38 @@ impl Checker<'_> {
                     });
                 }
             }
-            if let Some(a) = seen.iter().position(|c| *c == coords) {
-                return Err(ValidationError::SlicesOverlap {
+        }
+        let all: Vec<String> = ph.slices.iter().map(|s| s.0.clone()).collect();
+        let groups = if ph.divisions.is_empty() {
+            vec![all]
+        } else {
+            ph.divisions.clone()
+        };
+        for group in &groups {
+            let index: Vec<usize> = group
+                .iter()
+                .filter_map(|d| ph.slices.iter().position(|s| &s.0 == d))
+                .collect();
+            let expected: usize = index.iter().map(|&i| ph.slices[i].1).product();
+            if expected != cores {
+                return Err(ValidationError::SliceCount {
                     phase: self.name(),
-                    a,
-                    b: core,
+                    expected,
+                    got: cores,
                 });
             }
-            seen.push(coords);
+            let mut seen: Vec<Vec<usize>> = Vec::new();
+            for (core, coords) in ph.core_slice.iter().enumerate() {
+                let key: Vec<usize> = index.iter().map(|&i| coords[i]).collect();
+                if let Some(a) = seen.iter().position(|c| *c == key) {
+                    return Err(ValidationError::SlicesOverlap {
+                        phase: self.name(),
+                        a,
+                        b: core,
+                    });
+                }
+                seen.push(key);
+            }
         }
         Ok(())
     }
@@ -309,7 +324,7 @@ impl Checker<'_> {
         match op {
             Op::DmaIn { region, to } => {
                 if let Some(adv) = &self.in_loop
-                    && !adv.contains(&region.tensor)
+                    && !adv.iter().any(|a| a.0 == region.tensor)
                 {
                     let why = format!(
                         "the body loads `{}`, which does not advance: stage it in the preheader",
@@ -347,9 +362,23 @@ impl Checker<'_> {
                 self.region(region, from, false)
             }
             Op::Matmul {
-                a, b, out, m, k, n, ..
+                a,
+                a_at,
+                b,
+                out,
+                m,
+                k,
+                n,
+                ..
             } => {
-                self.operand(a, m * k)?;
+                let at = self
+                    .phase
+                    .core_slice
+                    .iter()
+                    .map(|c| a_at.eval(&self.phase.slices, c))
+                    .max()
+                    .unwrap_or(0);
+                self.operand(a, at + m * k)?;
                 self.operand(b, k * n)?;
                 self.operand(out, m * n)
             }
@@ -384,12 +413,13 @@ impl Checker<'_> {
                 acc,
                 acc_at,
                 y,
+                y_at,
                 w,
                 w_at,
                 elems,
             } => {
                 self.operand(acc, acc_at + elems)?;
-                self.operand(y, *elems)?;
+                self.operand(y, y_at + elems)?;
                 let at = self
                     .phase
                     .core_slice
@@ -442,7 +472,12 @@ impl Checker<'_> {
         }
         self.op += 1;
         self.ops(pre)?;
-        self.in_loop = Some(advancing.iter().map(|a| a.tensor.clone()).collect());
+        self.in_loop = Some(
+            advancing
+                .iter()
+                .map(|a| (a.tensor.clone(), a.per_trip))
+                .collect(),
+        );
         self.ops(body)?;
         self.in_loop = None;
         self.ops(drain)?;
@@ -561,9 +596,19 @@ impl Checker<'_> {
                 .iter()
                 .position(|c| c == coords)
                 .unwrap_or(0);
+            let per_trip = self
+                .in_loop
+                .iter()
+                .flatten()
+                .find(|a| a.0 == t.name)
+                .map(|a| a.1);
             for d in 0..rank {
                 let end = start[d] + region.extent[d];
-                let size = if indexed && d == 0 { 1 } else { t.shape[d] };
+                let size = match (d, indexed, per_trip) {
+                    (0, true, _) => 1,
+                    (0, _, Some(rows)) => rows,
+                    _ => t.shape[d],
+                };
                 if end > size {
                     return Err(ValidationError::OutOfBounds {
                         phase: self.name(),

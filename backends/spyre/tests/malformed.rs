@@ -4,7 +4,7 @@
 use moek_dsl::ir::DType;
 use moek_dsl::spyre::program::*;
 use moek_dsl::{check, parse, spyre::lower};
-use moek_spyre::{Device, Mode, SimError, ValidationError, simulate, validate};
+use moek_spyre::{Data, Device, Mode, SimError, ValidationError, simulate, validate};
 use quote::quote;
 
 fn base() -> Program {
@@ -226,6 +226,7 @@ fn a_view_wider_than_256_mb() {
         name: "p".into(),
         slices: vec![],
         core_slice: vec![vec![]],
+        divisions: vec![],
         buffers: vec![buffer.clone()],
         body: vec![Op::DmaIn {
             region: region(rows),
@@ -297,7 +298,8 @@ fn a_route_outside_the_bank_fails_the_run() {
         if t.role == Role::Routes {
             dev.routes.insert(t.name.clone(), vec![9; len]);
         } else {
-            dev.tensors.insert(t.name.clone(), vec![0.0; len]);
+            dev.tensors
+                .insert(t.name.clone(), Data::F32(vec![0.0; len]));
         }
     }
     let err = simulate(&p, Mode::F32, &mut dev).unwrap_err();

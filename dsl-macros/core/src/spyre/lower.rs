@@ -3,8 +3,8 @@
 //! budget, DMA in whole sticks, indexed loads of expert banks by route, ring reductions for
 //! reductions split across cores.
 //!
-//! Lowered today: gate_up, down and expert_ffn with `select: gather` (the decode variants).
-//! `select: dense` (the persistent prefill) is not lowered yet and says so.
+//! Lowered: gate_up, down and expert_ffn with `select: gather` (the decode variants), and
+//! expert_ffn with `select: dense` in a persistent loop (the prefill).
 
 use super::program::*;
 use super::{CORES, LX_BUDGET, STICK_BYTES};
@@ -86,6 +86,20 @@ pub fn program(k: &Kernel, dtype: DType) -> Result<Program, LowerError> {
                 down(k, &s, IrPhase::Down, "act")?,
             ]
         }
+        (IrOp::ExpertFfn, Selection::Dense) => {
+            add("x", Role::Input, vec![s.t, s.h], DL16);
+            add(
+                "routes",
+                Role::DenseRoutes,
+                vec![s.e, s.t, STICK_BYTES / F32],
+                F32,
+            );
+            add("gate", Role::Bank, vec![s.e, s.h, s.f], DL16);
+            add("up", Role::Bank, vec![s.e, s.h, s.f], DL16);
+            add("down", Role::Bank, vec![s.e, s.f, s.h], DL16);
+            add("out", Role::Output, vec![s.t, s.h], F32);
+            vec![persistent(k, &s)?]
+        }
         (op, select) => {
             return Err(LowerError::NotYet(format!(
                 "`{op}` with `select: {select}`"
@@ -133,6 +147,7 @@ impl Sizes {
 struct Division {
     slices: Vec<(String, usize)>,
     core_slice: Vec<Vec<usize>>,
+    divisions: Vec<Vec<String>>,
 }
 
 impl Division {
@@ -160,7 +175,11 @@ impl Division {
                 coords
             })
             .collect();
-        Ok(Division { slices, core_slice })
+        Ok(Division {
+            slices,
+            core_slice,
+            divisions: vec![],
+        })
     }
 
     fn parts(&self, d: DimName) -> usize {
@@ -258,6 +277,7 @@ impl Plan {
             name: name.into(),
             slices: div.slices,
             core_slice: div.core_slice,
+            divisions: div.divisions,
             buffers: self.buffers,
             body,
         })
@@ -382,6 +402,7 @@ fn gate_up(k: &Kernel, s: &Sizes, phase: IrPhase, out: &str) -> Result<Phase, Lo
                         });
                         // x row `ti` of this segment is at offset ti * len: a 1-row matmul per token.
                         body.push(Op::Matmul {
+                            a_at: Affine::default(),
                             a: x.clone(),
                             b: w.clone(),
                             out: part.clone(),
@@ -529,6 +550,7 @@ fn down(k: &Kernel, s: &Sizes, phase: IrPhase, act: &str) -> Result<Phase, Lower
                     to: wt.clone(),
                 });
                 body.push(Op::Matmul {
+                    a_at: Affine::default(),
                     a: a.clone(),
                     b: wt.clone(),
                     out: part.clone(),
@@ -556,6 +578,7 @@ fn down(k: &Kernel, s: &Sizes, phase: IrPhase, act: &str) -> Result<Phase, Lower
                 acc: acc.clone(),
                 acc_at: c0,
                 y: y.clone(),
+                y_at: 0,
                 w: w.clone(),
                 w_at,
                 elems: n,
@@ -580,6 +603,237 @@ fn down(k: &Kernel, s: &Sizes, phase: IrPhase, act: &str) -> Result<Phase, Lower
         owner: owner(&div, &["R", "F"]),
     });
     plan.finish("down", div, body)
+}
+
+/// The persistent expert loop (DESIGN.md's contract): x staged once (preheader), the accumulator
+/// filled once, a counted loop over experts whose body stays in LX with exactly four advancing
+/// operands (gate, up, down, routing), one drain.
+///
+/// Every core is in three divisions at once: gate/up `T x H` (its x slice; the H partials are
+/// completed over the ring), down `T x H` (its accumulator: tokens by output columns) and the token
+/// groups. The down tokens of a core must lie inside its gate/up tokens, so the activation never
+/// changes owner (no LX transfers are lowered yet). Per trip and F tile: gate and up tiles, two
+/// matmuls, the ring, `gelu(g) * u`, the down tile and a matmul accumulating over F in order; then
+/// each token's row is scaled by its routing stick into the accumulator.
+fn persistent(k: &Kernel, s: &Sizes) -> Result<Phase, LowerError> {
+    let part = |phase, d: DimName| {
+        k.cores_for(phase)
+            .iter()
+            .find(|x| x.dim == d)
+            .map_or(1, |x| x.parts)
+    };
+    let (pt, ph) = (
+        part(IrPhase::GateUp, DimName::T),
+        part(IrPhase::GateUp, DimName::H),
+    );
+    let (pdt, pdh) = (
+        part(IrPhase::Down, DimName::T),
+        part(IrPhase::Down, DimName::H),
+    );
+    let cores = pt * ph;
+    let groups = k.schedule.groups.map_or(cores, |g| g.parts);
+    let other = k
+        .cores_for(IrPhase::GateUp)
+        .iter()
+        .chain(k.cores_for(IrPhase::Down))
+        .any(|x| !matches!(x.dim, DimName::T | DimName::H) && x.parts > 1);
+    if other || !k.schedule.reduce.is_empty() || !k.schedule.columns.is_empty() {
+        return Err(LowerError::NotYet(
+            "a persistent loop with splits other than T and H, or with blocks".into(),
+        ));
+    }
+    if k.schedule.persistent.is_none() {
+        return Err(LowerError::NotYet(
+            "`select: dense E` without `loop: E persistent`".into(),
+        ));
+    }
+    if pdt * pdh != cores || groups != cores || cores > CORES {
+        return Err(LowerError::Refused(format!(
+            "gate/up uses {pt} x {ph} cores, down {pdt} x {pdh}, groups {groups}: one persistent loop needs the same cores (at most {CORES}) in all three"
+        )));
+    }
+    let (tg, hg, td, hd) = (s.t / pt, s.h / ph, s.t / pdt, s.h / pdh);
+    // Core c: gate/up slice (c / ph, c % ph), down slice (c / pdh, c % pdh), group c; its down
+    // tokens are sub-slice `sub` of its gate/up tokens.
+    let per = td.max(1);
+    let subs = (tg / per).max(1);
+    let fits = (0..cores).all(|c| {
+        let (g0, d0) = ((c / ph) * tg, (c / pdh) * td);
+        d0 >= g0 && d0 + td <= g0 + tg
+    });
+    if !fits || tg % per != 0 {
+        return Err(LowerError::NotYet(format!(
+            "down token slices ({td} tokens) that are not inside the same core's gate/up token slice ({tg}): LX ownership transfers"
+        )));
+    }
+    let slices: Vec<(String, usize)> = vec![
+        ("T".into(), pt),
+        ("H".into(), ph),
+        ("Td".into(), pdt),
+        ("Hd".into(), pdh),
+        ("G".into(), groups),
+        ("Tsub".into(), subs),
+    ];
+    let core_slice = (0..cores)
+        .map(|c| {
+            let (g0, d0) = ((c / ph) * tg, (c / pdh) * td);
+            vec![c / ph, c % ph, c / pdh, c % pdh, c, (d0 - g0) / per]
+        })
+        .collect();
+    let divisions = vec![
+        vec!["T".to_string(), "H".to_string()],
+        vec!["Td".to_string(), "Hd".to_string()],
+        vec!["G".to_string()],
+    ];
+    let div = Division {
+        slices,
+        core_slice,
+        divisions,
+    };
+    let lanes = STICK_BYTES / F32;
+    let mut plan = Plan::default();
+    let x = plan.buf("x", tg * hg, true);
+    let acc = plan.buf("acc", td * hd, false);
+    let y = plan.buf("y", td * hd, false);
+    let rw = plan.buf("routing", td * lanes, false);
+    let fixed = plan.next + 8 * STICK_BYTES;
+    let tile = pick_tile(
+        s.f,
+        fixed,
+        2 * hg * DL16 + 2 * tg * F32 + tg * DL16 + hd * DL16,
+    )?;
+    let (wg, wu) = (
+        plan.buf("w_gate", hg * tile, true),
+        plan.buf("w_up", hg * tile, true),
+    );
+    let (g, u) = (
+        plan.buf("g", tg * tile, false),
+        plan.buf("u", tg * tile, false),
+    );
+    let a = plan.buf("a", tg * tile, true);
+    let wd = plan.buf("w_down", tile * hd, true);
+    let (t0, h0) = (Affine::of("T", tg), Affine::of("H", hg));
+    let (d0, e0) = (Affine::of("Td", td), Affine::of("Hd", hd));
+    let preheader = vec![
+        Op::DmaIn {
+            region: Region {
+                tensor: "x".into(),
+                start: vec![t0, h0.clone()],
+                extent: vec![tg, hg],
+            },
+            to: x.clone(),
+        },
+        Op::Sfp(Sfp::Zero {
+            out: acc.clone(),
+            elems: td * hd,
+        }),
+    ];
+    let zero = Affine::constant(0);
+    let mut body = vec![
+        Op::Sfp(Sfp::Zero {
+            out: y.clone(),
+            elems: td * hd,
+        }),
+        Op::DmaIn {
+            region: Region {
+                tensor: "routes".into(),
+                start: vec![zero.clone(), d0.clone(), zero.clone()],
+                extent: vec![1, td, lanes],
+            },
+            to: rw.clone(),
+        },
+    ];
+    for (c0, c1) in tiles(&[(0, s.f)], tile) {
+        let n = c1 - c0;
+        for (bank, w, out) in [("gate", &wg, &g), ("up", &wu, &u)] {
+            let region = Region {
+                tensor: bank.into(),
+                start: vec![zero.clone(), h0.clone(), Affine::constant(c0)],
+                extent: vec![1, hg, n],
+            };
+            body.push(Op::DmaIn {
+                region,
+                to: w.clone(),
+            });
+            body.push(Op::Matmul {
+                a: x.clone(),
+                a_at: Affine::default(),
+                b: w.clone(),
+                out: out.clone(),
+                m: tg,
+                k: hg,
+                n,
+                accumulate: false,
+            });
+            if ph > 1 {
+                body.push(Op::RingReduce {
+                    buffer: out.clone(),
+                    dim: "H".into(),
+                    elems: tg * n,
+                });
+            }
+        }
+        body.push(Op::Sfp(Sfp::GeluMul {
+            g: g.clone(),
+            u: u.clone(),
+            out: a.clone(),
+            elems: tg * n,
+        }));
+        let region = Region {
+            tensor: "down".into(),
+            start: vec![zero.clone(), Affine::constant(c0), e0.clone()],
+            extent: vec![1, n, hd],
+        };
+        body.push(Op::DmaIn {
+            region,
+            to: wd.clone(),
+        });
+        // This core's down tokens are rows `sub * td ..` of its gate/up activation tile.
+        body.push(Op::Matmul {
+            a: a.clone(),
+            a_at: Affine::of("Tsub", td * n),
+            b: wd.clone(),
+            out: y.clone(),
+            m: td,
+            k: n,
+            n: hd,
+            accumulate: true,
+        });
+    }
+    for row in 0..td {
+        body.push(Op::Sfp(Sfp::ScaleAcc {
+            acc: acc.clone(),
+            acc_at: row * hd,
+            y: y.clone(),
+            y_at: row * hd,
+            w: rw.clone(),
+            w_at: Affine::constant(row * lanes),
+            elems: hd,
+        }));
+    }
+    let advancing = ["gate", "up", "down", "routes"]
+        .map(|t| Advance {
+            tensor: t.into(),
+            per_trip: 1,
+        })
+        .to_vec();
+    let drain = vec![Op::DmaOut {
+        from: acc,
+        region: Region {
+            tensor: "out".into(),
+            start: vec![d0, e0],
+            extent: vec![td, hd],
+        },
+        owner: vec![],
+    }];
+    let looped = Op::Loop {
+        trips: s.e,
+        advancing,
+        preheader,
+        body,
+        drain,
+    };
+    plan.finish("expert_loop", div, vec![looped])
 }
 
 /// `a + c`.

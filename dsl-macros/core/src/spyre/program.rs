@@ -65,6 +65,11 @@ pub struct Phase {
     pub slices: Vec<(String, usize)>,
     /// Core id -> slice coordinates, one per dim of `slices` (SDSC coreIdToWkSlice_).
     pub core_slice: Vec<Vec<usize>>,
+    /// Groups of slice dims that each form one work division of the phase's cores (each disjoint
+    /// and covering); empty means all of `slices` form one. Slice dims outside every group are
+    /// derived coordinates (e.g. which half of a gate/up token slice a down slice is).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub divisions: Vec<Vec<String>>,
     /// The per-core LX plan (the same on every core).
     pub buffers: Vec<Buffer>,
     pub body: Vec<Op>,
@@ -124,9 +129,11 @@ pub enum Op {
         region: Region,
         owner: Vec<(String, usize)>,
     },
-    /// "pt": `out[m, n] (+)= a[m, k] . b[k, n]`, f32 accumulation.
+    /// "pt": `out[m, n] (+)= a[a_at + (m, k)] . b[k, n]`, f32 accumulation.
     Matmul {
         a: String,
+        #[serde(default)]
+        a_at: Affine,
         b: String,
         out: String,
         m: usize,
@@ -181,12 +188,14 @@ pub enum Sfp {
         out: String,
         elems: usize,
     },
-    /// `acc[acc_at + i] += w[w_at] * y[i]` for `i < elems`: one route's weighted result added to
-    /// the token's accumulator (the K-axis combine), `w` a buffer of route weights.
+    /// `acc[acc_at + i] += w[w_at] * y[y_at + i]` for `i < elems`: one route's weighted result
+    /// added to the token's accumulator (the K-axis combine), `w` a buffer of route weights.
     ScaleAcc {
         acc: String,
         acc_at: usize,
         y: String,
+        #[serde(default)]
+        y_at: usize,
         w: String,
         w_at: Affine,
         elems: usize,
