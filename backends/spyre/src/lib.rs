@@ -10,4 +10,4 @@ pub mod validate;
 
 pub use cost::{Cost, Term, model};
 pub use simulate::{Counters, Data, Device, Mode, SimError, simulate};
-pub use validate::{ValidationError, validate};
+pub use validate::{LoadError, ValidationError, load, validate};

@@ -699,3 +699,19 @@ pub fn span(t: &Tensor, start: &[usize], extent: &[usize]) -> usize {
         .sum();
     last + t.elem_bytes - first
 }
+
+/// Why a program text was refused.
+#[derive(Debug, Error)]
+pub enum LoadError {
+    #[error("not a Spyre program: {0}")]
+    Parse(#[from] serde_json::Error),
+    #[error("invalid Spyre program: {0}")]
+    Invalid(#[from] ValidationError),
+}
+
+/// Parses a program's JSON (docs/spyre-program.md) and validates it.
+pub fn load(json: &str) -> Result<Program, LoadError> {
+    let p: Program = serde_json::from_str(json)?;
+    validate(&p)?;
+    Ok(p)
+}

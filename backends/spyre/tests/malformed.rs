@@ -322,3 +322,20 @@ fn a_missing_tensor_fails_the_run() {
     let err = simulate(&p, Mode::F32, &mut Device::default()).unwrap_err();
     assert!(matches!(err, SimError::Tensor { got: 0, .. }), "{err}");
 }
+
+#[test]
+fn programs_load_from_their_json_and_bad_text_is_refused() {
+    let p = base();
+    let json = serde_json::to_string(&p).unwrap();
+    assert_eq!(moek_spyre::load(&json).unwrap(), p);
+    let err = moek_spyre::load("{\"kernel\": 3}").unwrap_err();
+    assert!(err.to_string().starts_with("not a Spyre program"), "{err}");
+    let mut bad = p.clone();
+    bad.lx_budget = 1;
+    let err = moek_spyre::load(&serde_json::to_string(&bad).unwrap()).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("invalid Spyre program: phase `gate_up`: LX peak"),
+        "{err}"
+    );
+}
