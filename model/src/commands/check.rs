@@ -90,11 +90,16 @@ pub fn real_shape(k: &moek_kernels::ir::Kernel) -> Shape {
     testing::shape_for(k, &free)
 }
 
+/// One result row; for Spyre the rate is the modeled one (`~`), the time the simulator's.
 fn print_row(r: &Report, chosen: &str) {
+    let (seconds, mark) = r
+        .modeled
+        .as_ref()
+        .map_or((r.seconds, ""), |m| (m.seconds, "~"));
     let rate = if r.shape.starts_with("T=1 ") || r.flops / r.bytes.max(1.0) < 8.0 {
-        format!("{:.1} GB/s", r.bytes / r.seconds / 1e9)
+        format!("{mark}{:.1} GB/s", r.bytes / seconds / 1e9)
     } else {
-        format!("{:.1} GF/s", r.flops / r.seconds / 1e9)
+        format!("{mark}{:.1} GF/s", r.flops / seconds / 1e9)
     };
     let kernel = format!("{} [{}]", r.kernel, r.target);
     println!(
