@@ -92,3 +92,34 @@ fn the_cpu_source_of_a_spec_is_formatted_rust() {
     syn::parse_file(&src).expect("formatted source parses");
     assert!(src.contains("cpu::softcap"), "{src}");
 }
+
+#[test]
+fn a_fixed_stream_tile_sets_the_spyre_weight_tiles() {
+    use moek_dsl::spyre::program::Op as SOp;
+    let tiles = |stream: proc_macro2::TokenStream| {
+        let k = spec(quote! {
+            pub k = gate_up {
+                dims: T = 1, R = 8, E = 128, H = 2816, F = 704;
+                dtypes: bf16; targets: spyre; select: gather E by R; cores: R = 8;
+                #stream
+            }
+        })
+        .unwrap();
+        let p = moek_dsl::spyre::lower::program(&k, moek_dsl::ir::DType::Bf16).unwrap();
+        p.phases[0]
+            .body
+            .iter()
+            .filter_map(|op| match op {
+                SOp::IndexedLoad { region, .. } => Some(region.extent[2]),
+                _ => None,
+            })
+            .max()
+            .unwrap()
+    };
+    assert_eq!(tiles(quote!(stream: F = 64;)), 64);
+    assert_eq!(
+        tiles(quote!()),
+        128,
+        "without a stream tile the widest whole-stick tile that fits"
+    );
+}

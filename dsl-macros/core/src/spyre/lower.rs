@@ -299,6 +299,29 @@ pub fn count_ops(body: &[Op]) -> usize {
         .sum()
 }
 
+/// The streaming tile along `dim`: the spec's `stream:` tile when it fixes one (refused when it
+/// does not fit), else the widest that fits.
+fn tile_for(
+    k: &Kernel,
+    dim: DimName,
+    n: usize,
+    fixed: usize,
+    per_elem: usize,
+) -> Result<usize, LowerError> {
+    let Some(t) = k.schedule.stream.iter().find(|t| t.dim == dim) else {
+        return pick_tile(n, fixed, per_elem);
+    };
+    let tile = t.size.min(n);
+    let need = fixed + per_elem * tile;
+    if need > LX_BUDGET {
+        return Err(LowerError::Refused(format!(
+            "the stream tile {dim} = {} needs {need} bytes of LX per core; the budget is {LX_BUDGET}",
+            t.size
+        )));
+    }
+    Ok(tile)
+}
+
 /// The widest whole-stick tile of `n` elements whose `fixed + per_elem * tile` bytes fit LX.
 fn pick_tile(n: usize, fixed: usize, per_elem: usize) -> Result<usize, LowerError> {
     let stick = STICK_BYTES / DL16;
@@ -351,7 +374,7 @@ fn gate_up(k: &Kernel, s: &Sizes, phase: IrPhase, out: &str) -> Result<Phase, Lo
         .collect();
     // Streamed: gate and up tiles (double-buffered as a pair), one partial, g/u accumulators, a.
     let fixed = plan.next + 4 * STICK_BYTES;
-    let tile = pick_tile(fc, fixed, 2 * widest * DL16 + 4 * F32 + F32)?;
+    let tile = tile_for(k, DimName::F, fc, fixed, 2 * widest * DL16 + 4 * F32 + F32)?;
     let (wg, wu) = (
         plan.buf("w_gate", widest * tile, true),
         plan.buf("w_up", widest * tile, true),
@@ -492,7 +515,9 @@ fn down(k: &Kernel, s: &Sizes, phase: IrPhase, act: &str) -> Result<Phase, Lower
         .map(|(i, &(a, b))| plan.buf(&format!("a{i}"), b - a, true))
         .collect();
     let fixed = plan.next + 4 * STICK_BYTES;
-    let tile = pick_tile(
+    let tile = tile_for(
+        k,
+        DimName::H,
         cols.iter().map(|(a, b)| b - a).max().unwrap_or(0),
         fixed,
         widest * DL16 + 2 * F32,
@@ -697,7 +722,9 @@ fn persistent(k: &Kernel, s: &Sizes) -> Result<Phase, LowerError> {
     let y = plan.buf("y", td * hd, false);
     let rw = plan.buf("routing", td * lanes, false);
     let fixed = plan.next + 8 * STICK_BYTES;
-    let tile = pick_tile(
+    let tile = tile_for(
+        k,
+        DimName::F,
         s.f,
         fixed,
         2 * hg * DL16 + 2 * tg * F32 + tg * DL16 + hd * DL16,
