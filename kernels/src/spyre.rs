@@ -76,10 +76,9 @@ fn bind<W: Elem>(
             Data::F32(vec![0.0; len])
         }
     };
-    let fill = |len: usize, values: &mut dyn Iterator<Item = f32>| {
-        let mut d = half(len);
-        let v: Vec<f32> = values.collect();
-        d.write_all(&v);
+    let fill = |values: Vec<f32>| {
+        let mut d = half(values.len());
+        d.write_at(0, &values);
         d
     };
     let (x, idx, weights, gate_up, down, act) = match *inputs {
@@ -110,6 +109,20 @@ fn bind<W: Elem>(
         touched.dedup();
         touched
     };
+    // One expert's `rows x cols` block of a host bank (`per_expert` rows from `row0`), transposed
+    // into the device's `[cols, rows]` stick layout, for every expert bound.
+    let bank =
+        |host: &[W], per_expert: usize, row0: usize, rows: usize, cols: usize, len: usize| {
+            let mut d = half(len);
+            for &e in &experts {
+                let block: Vec<f32> = host[(e * per_expert + row0) * cols..][..rows * cols]
+                    .iter()
+                    .map(|w| w.to_f32())
+                    .collect();
+                d.write_at(e * rows * cols, &moek_spyre::transpose(&block, rows, cols));
+            }
+            d
+        };
     let mut dev = Device::default();
     for t in &p.tensors {
         let len: usize = t.shape.iter().product();
@@ -131,42 +144,13 @@ fn bind<W: Elem>(
                 }
                 Data::F32(v)
             }
-            (Role::Input, "x") => fill(len, &mut x.ok_or_else(unbound)?.iter().map(|v| v.to_f32())),
-            (Role::Input, "act") => fill(len, &mut act.ok_or_else(unbound)?.iter().copied()),
-            (Role::Bank, name @ ("gate" | "up")) => {
-                // host [E, 2F, H] (gate rows first) -> device [E, H, F], F on the stick
-                let host = gate_up.ok_or_else(unbound)?;
-                let row0 = if name == "gate" { 0 } else { s.f };
-                let mut d = half(len);
-                let mut v = vec![0f32; s.h * s.f];
-                for &e in &experts {
-                    for j in 0..s.f {
-                        for (h, w) in host[(e * 2 * s.f + row0 + j) * s.h..][..s.h]
-                            .iter()
-                            .enumerate()
-                        {
-                            v[h * s.f + j] = w.to_f32();
-                        }
-                    }
-                    d.write_at(e * s.h * s.f, &v);
-                }
-                d
-            }
-            (Role::Bank, "down") => {
-                // host [E, H, F] -> device [E, F, H], H on the stick
-                let host = down.ok_or_else(unbound)?;
-                let mut d = half(len);
-                let mut v = vec![0f32; s.h * s.f];
-                for &e in &experts {
-                    for h in 0..s.h {
-                        for (j, w) in host[(e * s.h + h) * s.f..][..s.f].iter().enumerate() {
-                            v[j * s.h + h] = w.to_f32();
-                        }
-                    }
-                    d.write_at(e * s.f * s.h, &v);
-                }
-                d
-            }
+            (Role::Input, "x") => fill(x.ok_or_else(unbound)?.iter().map(|v| v.to_f32()).collect()),
+            (Role::Input, "act") => fill(act.ok_or_else(unbound)?.to_vec()),
+            // host [E, 2F, H] (gate rows first) -> device [E, H, F], F on the stick
+            (Role::Bank, "gate") => bank(gate_up.ok_or_else(unbound)?, 2 * s.f, 0, s.f, s.h, len),
+            (Role::Bank, "up") => bank(gate_up.ok_or_else(unbound)?, 2 * s.f, s.f, s.f, s.h, len),
+            // host [E, H, F] -> device [E, F, H], H on the stick
+            (Role::Bank, "down") => bank(down.ok_or_else(unbound)?, s.h, 0, s.h, s.f, len),
             (Role::Output | Role::Scratch, _) => {
                 if t.elem_bytes == 2 {
                     half(len)

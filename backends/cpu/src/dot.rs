@@ -21,11 +21,6 @@ pub fn dot_f32_w<W: Element>(a: &[f32], w: &[W]) -> f32 {
     dotn::<f32, W, 1>(a, [w])[0]
 }
 
-/// Four rows of weights against one f32 activation vector.
-pub fn dot4_f32_w<W: Element>(a: &[f32], rows: [&[W]; 4]) -> [f32; 4] {
-    dotn::<f32, W, 4>(a, rows)
-}
-
 /// `NR` dot products of `a` with `rows`, on the ISA in use.
 pub(crate) fn dotn<A: Element, B: Element, const NR: usize>(
     a: &[A],

@@ -14,7 +14,7 @@ pub mod isa;
 pub mod schedule;
 
 pub use activation::{gelu_tanh, softcap};
-pub use dot::{dot, dot_f32_w, dot4, dot4_f32_w};
+pub use dot::{dot, dot_f32_w, dot4};
 pub use element::Element;
 pub use gemm::gemm_nt;
 pub use isa::{Isa, isa};

@@ -9,5 +9,5 @@ pub mod simulate;
 pub mod validate;
 
 pub use cost::{Cost, Term, model};
-pub use simulate::{Counters, Data, Device, Mode, SimError, simulate};
+pub use simulate::{Counters, Data, Device, Mode, SimError, simulate, transpose};
 pub use validate::{LoadError, ValidationError, load, validate};

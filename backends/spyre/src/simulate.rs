@@ -77,11 +77,6 @@ impl Data {
         self.write(off, src, false);
     }
 
-    /// Writes `src` from the first element.
-    pub fn write_all(&mut self, src: &[f32]) {
-        self.write(0, src, false);
-    }
-
     /// All values as f32 (for reading results back).
     pub fn to_f32(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.len()];
@@ -531,8 +526,9 @@ fn runs<'s>(
     })
 }
 
-/// `[rows, cols]` -> `[cols, rows]`, in cache-sized blocks.
-fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+/// `[rows, cols]` -> `[cols, rows]`, in cache-sized blocks (also how hosts put checkpoint
+/// layouts into the device's stick layouts).
+pub fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     const B: usize = 32;
     let mut t = vec![0f32; rows * cols];
     for r0 in (0..rows).step_by(B) {

@@ -211,10 +211,6 @@ impl Kernel {
         self.dim(name).and_then(|d| d.size)
     }
 
-    pub fn is_fully_fixed(&self) -> bool {
-        self.dims.iter().all(|d| d.size.is_some())
-    }
-
     /// Core splits that apply to `phase` (phase-specific ones, else the `All` ones).
     pub fn cores_for(&self, phase: Phase) -> &[Split] {
         let find = |p| self.schedule.cores.iter().find(|c| c.phase == p);
