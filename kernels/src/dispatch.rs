@@ -48,6 +48,27 @@ impl Backend {
         }
     }
 
+    /// wgpu: banks are bound in the checkpoint layout and read by route in place, without a copy.
+    /// A GPU has no LX scratchpad (no `lx_completed_sum`). `shader_f16` only where the shared
+    /// device reads f16 natively (see `moek_wgpu::F16Mode`).
+    pub fn wgpu() -> Backend {
+        #[cfg(feature = "wgpu")]
+        let f16 = crate::wgpu::Gpu::shared().is_ok_and(|g| g.f16 == moek_wgpu::F16Mode::Native);
+        #[cfg(not(feature = "wgpu"))]
+        let f16 = false;
+        let mut capabilities = vec![
+            Capability::IndexedSelectionLayout,
+            Capability::ReadCopyElision,
+        ];
+        if f16 {
+            capabilities.push(Capability::ShaderF16);
+        }
+        Backend {
+            target: Target::Wgpu,
+            capabilities,
+        }
+    }
+
     /// The same backend without one capability (to exercise fallbacks).
     pub fn without(mut self, cap: Capability) -> Backend {
         self.capabilities.retain(|c| *c != cap);
@@ -59,7 +80,7 @@ impl Backend {
         match self.target {
             Target::Cpu => cfg!(feature = "cpu"),
             Target::Spyre => cfg!(feature = "spyre"),
-            Target::Wgpu => false,
+            Target::Wgpu => cfg!(feature = "wgpu"),
         }
     }
 }
@@ -343,6 +364,10 @@ pub fn run<W: Elem>(
                 .map_err(|e| DispatchError::Backend(e.to_string()))?;
             None
         }
+        #[cfg(feature = "wgpu")]
+        Target::Wgpu => crate::wgpu::run(entry.ir(), shape, inputs, out)
+            .map_err(|e| DispatchError::Backend(e.to_string()))?,
+        #[allow(unreachable_patterns)]
         _ => unreachable!("eligible() refuses backends not compiled in"),
     };
     Ok((choice, result))

@@ -7,7 +7,7 @@ use moek_dsl::reference::Real;
 
 /// f16, bf16 or f32: a storage dtype with its IR name and its slot in a spec's function table.
 pub trait Elem:
-    Copy + Default + Send + Sync + PartialEq + std::fmt::Debug + Real + 'static
+    Copy + Default + Send + Sync + PartialEq + std::fmt::Debug + Real + bytemuck::Pod + 'static
 {
     const DTYPE: DType;
     fn from_f32(v: f32) -> Self;

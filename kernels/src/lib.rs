@@ -6,7 +6,7 @@
 //! - [`inputs`]: the tensors each op takes, checked before anything runs.
 //! - [`testing`]: the equivalence harness every spec's generated tests call.
 //!
-//! Backends are cargo features (`cpu`, `spyre`); generated code reaches them through
+//! Backends are cargo features (`cpu`, `spyre`, `wgpu`); generated code reaches them through
 //! [`__private`].
 
 extern crate self as moek_kernels;
@@ -20,6 +20,8 @@ pub mod specs;
 #[cfg(feature = "spyre")]
 pub mod spyre;
 pub mod testing;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
 
 pub use dispatch::{Backend, Choice, DispatchError, Ineligible};
 pub use elem::Elem;
@@ -91,5 +93,20 @@ pub mod __private {
 
     pub use crate::__cpu_fns as cpu_fns;
     pub use crate::__if_cpu as if_cpu;
+    /// Keeps its items when the `wgpu` backend is compiled in, drops them otherwise.
+    #[cfg(feature = "wgpu")]
+    #[macro_export]
+    #[doc(hidden)]
+    macro_rules! __if_wgpu {
+        ($($item:tt)*) => { $($item)* };
+    }
+    #[cfg(not(feature = "wgpu"))]
+    #[macro_export]
+    #[doc(hidden)]
+    macro_rules! __if_wgpu {
+        ($($item:tt)*) => {};
+    }
+
     pub use crate::__if_spyre as if_spyre;
+    pub use crate::__if_wgpu as if_wgpu;
 }

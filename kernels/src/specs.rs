@@ -13,7 +13,7 @@ kernel! {
     pub decode_gate_up_h704x4 = gate_up {
         dims:     T = 1, R = 8, E = 128, H = 2816, F = 704;
         dtypes:   f16, bf16;
-        targets:  cpu, spyre;
+        targets:  cpu, wgpu, spyre;
         select:   gather E by R;
         reduce:   H = 704 x 4;
         cores:    R = 8;
@@ -26,7 +26,7 @@ kernel! {
     pub decode_down_cols_1024_1024_768 = down {
         dims:     T = 1, R = 8, E = 128, H = 2816, F = 704;
         dtypes:   f16, bf16;
-        targets:  cpu, spyre;
+        targets:  cpu, wgpu, spyre;
         select:   gather E by R;
         columns:  H = [1024, 1024, 768];
         cores:    R = 8;
@@ -38,7 +38,7 @@ kernel! {
     pub decode_expert_ffn_blocked = expert_ffn {
         dims:            T = 1, R = 8, E = 128, H = 2816, F = 704;
         dtypes:          f16, bf16;
-        targets:         cpu, spyre;
+        targets:         cpu, wgpu, spyre;
         select:          gather E by R;
         reduce:          H = 704 x 4;
         columns:         H = [1024, 1024, 768];
@@ -51,7 +51,7 @@ kernel! {
     pub decode_expert_ffn_gate_up_blocked = expert_ffn {
         dims:            T = 1, R = 8, E = 128, H = 2816, F = 704;
         dtypes:          f16, bf16;
-        targets:         cpu, spyre;
+        targets:         cpu, wgpu, spyre;
         select:          gather E by R;
         reduce:          H = 704 x 4;
         cores(gate_up):  R = 8;
@@ -63,7 +63,7 @@ kernel! {
     pub decode_expert_ffn_down_blocked = expert_ffn {
         dims:            T = 1, R = 8, E = 128, H = 2816, F = 704;
         dtypes:          f16, bf16;
-        targets:         cpu, spyre;
+        targets:         cpu, wgpu, spyre;
         select:          gather E by R;
         columns:         H = [1024, 1024, 768];
         cores(gate_up):  R = 8;
@@ -78,7 +78,7 @@ kernel! {
     pub prefill_expert_ffn_persistent = expert_ffn {
         dims:            T = 512, R = 8, E = 128, H = 2816, F = 704;
         dtypes:          f16, bf16;
-        targets:         cpu, spyre;
+        targets:         cpu, wgpu, spyre;
         select:          dense E;
         loop:            E persistent;
         groups:          T = 32;
@@ -92,7 +92,7 @@ kernel! {
     pub decode_expert_ffn_ordinary = expert_ffn {
         dims:    T = 1, R = 8, E = 128, H = 2816, F = 704;
         dtypes:  f16, bf16;
-        targets: cpu, spyre;
+        targets: cpu, wgpu, spyre;
         select:  gather E by R;
         cores:   R = 8;
     }
@@ -112,7 +112,7 @@ kernel! {
     pub general_expert_ffn_gather = expert_ffn {
         dims:    T, R, E, H, F;
         dtypes:  f16, bf16, f32;
-        targets: cpu;
+        targets: cpu, wgpu;
         select:  gather E by R;
         cores:   R = 8;
     }
@@ -129,7 +129,7 @@ kernel! {
     pub general_gate_up = gate_up {
         dims:    T, R, E, H, F;
         dtypes:  f16, bf16, f32;
-        targets: cpu;
+        targets: cpu, wgpu;
         select:  gather E by R;
         cores:   R = 8;
     }
@@ -138,7 +138,7 @@ kernel! {
     pub general_down = down {
         dims:    T, R, E, H, F;
         dtypes:  f16, bf16, f32;
-        targets: cpu;
+        targets: cpu, wgpu;
         select:  gather E by R;
         cores:   R = 8;
     }
@@ -147,7 +147,7 @@ kernel! {
     pub general_dense_mlp = dense_mlp {
         dims:    T, H, F;
         dtypes:  f16, bf16, f32;
-        targets: cpu;
+        targets: cpu, wgpu;
     }
 
     /// The 26B-A4B dense MLP (F 2112): gate/up rows split over two cores' worth of units, down
@@ -155,7 +155,7 @@ kernel! {
     pub dense_mlp_26b = dense_mlp {
         dims:           T, H = 2816, F = 2112;
         dtypes:         f16, bf16;
-        targets:        cpu;
+        targets:        cpu, wgpu;
         cores(gate_up): F = 32;
         cores(down):    H = 32;
     }
@@ -164,7 +164,7 @@ kernel! {
     pub general_lm_head_row = lm_head_row {
         dims:    T, H, V;
         dtypes:  f16, bf16, f32;
-        targets: cpu;
+        targets: cpu, wgpu;
         cores:   V = 32;
     }
 }

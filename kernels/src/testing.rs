@@ -124,11 +124,21 @@ pub struct Report {
     pub argmax_ok: bool,
     /// The cost model's figures (Spyre runs).
     pub modeled: Option<Modeled>,
+    /// Deviation from the spec's CPU variant on the same inputs (wgpu runs, every element).
+    pub versus_cpu: Option<Deviation>,
 }
 
 impl Report {
+    /// Within tolerance of the reference, and (wgpu) within twice it of the CPU variant: each is
+    /// within the tolerance of the reference, so they differ by at most twice it.
     pub fn passed(&self) -> bool {
-        self.argmax_ok && self.deviation.within(self.tolerance)
+        let twice = Tolerance {
+            rel_l2: 2.0 * self.tolerance.rel_l2,
+            max_abs: 2.0 * self.tolerance.max_abs,
+        };
+        self.argmax_ok
+            && self.deviation.within(self.tolerance)
+            && self.versus_cpu.as_ref().is_none_or(|d| d.within(twice))
     }
 }
 
@@ -149,7 +159,11 @@ impl std::fmt::Display for Report {
             } else {
                 "; argmax is not the largest logit"
             }
-        )
+        )?;
+        if let Some(d) = &self.versus_cpu {
+            write!(f, "; versus the CPU variant: {d}")?;
+        }
+        Ok(())
     }
 }
 
@@ -205,10 +219,27 @@ fn run_typed<W: Elem>(
                             .unwrap_or_else(|e| panic!("`{}` on spyre: {e}", k.name));
                     (None, Some(Modeled::of(&run.cost)))
                 }
+                #[cfg(feature = "wgpu")]
+                Target::Wgpu => {
+                    let argmax = crate::wgpu::run(k, shape, &inputs, &mut out)
+                        .unwrap_or_else(|e| panic!("`{}` on wgpu: {e}", k.name));
+                    (argmax, None)
+                }
+                #[allow(unreachable_patterns)]
                 other => panic!("the {other} backend is not part of this build"),
             };
             let seconds = start.elapsed().as_secs_f64();
             let (deviation, argmax_ok) = case.compare(&out, argmax, seed);
+            // A GPU variant is also held to the CPU variant of the same spec, element by element.
+            let versus_cpu = (target == Target::Wgpu)
+                .then(|| W::cpu_fn(&entry.cpu))
+                .flatten()
+                .map(|f| {
+                    let mut cpu = vec![f32::NAN; out.len()];
+                    f(shape, &inputs, &mut cpu);
+                    let want: Vec<f64> = cpu.iter().map(|&v| f64::from(v)).collect();
+                    Deviation::measure(&out, &want)
+                });
             let (bytes, flops) = case.work();
             Report {
                 kernel: k.name.clone(),
@@ -226,6 +257,7 @@ fn run_typed<W: Elem>(
                 flops,
                 argmax_ok,
                 modeled,
+                versus_cpu,
             }
         })
         .collect()

@@ -25,6 +25,12 @@ enum Command {
         name: String,
         #[arg(long, value_enum, default_value_t = commands::emit::EmitBackend::Cpu)]
         backend: commands::emit::EmitBackend,
+        /// WGSL: the dtype to emit for (default: the spec's first).
+        #[arg(long)]
+        dtype: Option<String>,
+        /// WGSL: read f16 natively (`enable f16;`) as on an adapter with SHADER_F16.
+        #[arg(long)]
+        f16: bool,
     },
     /// Run every spec's variants at their real size against the f64 reference.
     Check {
@@ -46,7 +52,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::List => commands::list::run(),
-        Command::Emit { name, backend } => commands::emit::run(&name, backend),
+        Command::Emit {
+            name,
+            backend,
+            dtype,
+            f16,
+        } => commands::emit::run(&name, backend, dtype.as_deref(), f16),
         Command::Check { require, filter } => commands::check::run(&require, filter.as_deref()),
         Command::Bench(args) => commands::bench::run(&args),
         #[cfg(feature = "spyre")]

@@ -56,7 +56,7 @@ fn emit_errors_are_clear() {
     let (ok, _, err) = moek(&["emit", "general_down", "--backend", "spyre"]);
     assert!(!ok);
     assert!(
-        err.contains("does not target spyre (targets: cpu)"),
+        err.contains("does not target spyre (targets: cpu, wgpu)"),
         "{err}"
     );
 }
@@ -130,10 +130,102 @@ fn emit_prints_the_spyre_program() {
 
 #[test]
 fn check_refuses_a_backend_it_cannot_run() {
-    let (ok, _, err) = moek(&["check", "--require", "wgpu"]);
+    let (ok, _, err) = moek(&["check", "--require", "metal"]);
     assert!(!ok);
     assert!(
-        err.contains("backend `wgpu` is required but it is not part of this build yet"),
+        err.contains("backend `metal` is required but it is not part of this build yet"),
+        "{err}"
+    );
+}
+
+/// `moek` with an adapter filter nothing matches: as on a machine without a GPU driver.
+fn moek_without_adapter(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_moek"))
+        .args(args)
+        .env("WGPU_ADAPTER_NAME", "no-such-adapter")
+        .output()
+        .expect("moek runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn without_an_adapter_check_says_so_and_goes_on_unless_wgpu_is_required() {
+    let (ok, out, err) = moek_without_adapter(&["check", "--filter", "general_lm_head_row"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("wgpu: no adapter"), "{out}");
+    assert!(out.contains("apt-get install mesa-vulkan-drivers"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.contains("[wgpu]") && l.contains("no adapter: not run")),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.contains("[cpu]") && l.ends_with("yes")),
+        "{out}"
+    );
+    let (ok, _, err) = moek_without_adapter(&[
+        "check",
+        "--require",
+        "wgpu",
+        "--filter",
+        "general_lm_head_row",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("backend `wgpu` is required but no wgpu adapter"),
+        "{err}"
+    );
+}
+
+#[test]
+fn check_runs_the_wgpu_column_with_the_adapter_name() {
+    let (ok, out, err) = moek(&["check", "--require", "wgpu", "--filter", "general_down"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("wgpu adapter: "), "{out}");
+    for dtype in ["f16", "bf16", "f32"] {
+        assert!(
+            out.lines().any(|l| l.starts_with("general_down [wgpu]")
+                && l.contains(&format!(" {dtype} "))
+                && l.ends_with("yes")),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn emit_prints_the_wgsl_program() {
+    let (ok, out, err) = moek(&["emit", "decode_expert_ffn_blocked", "--backend", "wgsl"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("@compute @workgroup_size(WG)"), "{out}");
+    assert!(out.contains("fn down_routes_cols2("), "{out}");
+    assert!(!out.contains("enable f16;"));
+    let (ok, out, _) = moek(&[
+        "emit",
+        "decode_expert_ffn_blocked",
+        "--backend",
+        "wgsl",
+        "--dtype",
+        "f16",
+        "--f16",
+    ]);
+    assert!(ok);
+    assert!(out.contains("enable f16;"), "{out}");
+    let (ok, _, err) = moek(&[
+        "emit",
+        "decode_expert_ffn_blocked",
+        "--backend",
+        "wgsl",
+        "--dtype",
+        "f32",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("has no `f32` variant (dtypes: f16, bf16)"),
         "{err}"
     );
 }

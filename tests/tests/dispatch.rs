@@ -282,3 +282,111 @@ fn the_dispatched_variant_runs_and_matches_the_reference() {
         "{dev}"
     );
 }
+
+#[test]
+fn on_wgpu_prefill_falls_back_from_the_persistent_variant_and_a_forced_one_writes_nothing() {
+    let c = dispatch::choose(
+        specs::all(),
+        &Backend::wgpu(),
+        Op::ExpertFfn,
+        DType::Bf16,
+        &PREFILL,
+        None,
+    )
+    .unwrap();
+    assert_eq!(c.kernel, "general_expert_ffn_gather");
+    let why = &c
+        .passed_over
+        .iter()
+        .find(|(n, _)| n == "prefill_expert_ffn_persistent")
+        .unwrap()
+        .1;
+    assert!(why.contains("`lx_completed_sum`"), "{why}");
+    let s = Shape {
+        t: 3,
+        r: 2,
+        e: 4,
+        h: 64,
+        f: 32,
+        v: 0,
+    };
+    let case = Case::<half::bf16>::new(Op::ExpertFfn, s, 3);
+    let mut out = vec![f32::NAN; s.t * s.h];
+    let err = dispatch::run(
+        specs::all(),
+        &Backend::wgpu(),
+        &s,
+        &case.inputs(),
+        &mut out,
+        Some("prefill_expert_ffn_persistent"),
+    );
+    assert!(
+        matches!(err, Err(DispatchError::Requested { .. })),
+        "{err:?}"
+    );
+    assert!(
+        out.iter().all(|v| v.is_nan()),
+        "a refused request writes nothing"
+    );
+    let (choice, _) = dispatch::run(
+        specs::all(),
+        &Backend::wgpu(),
+        &s,
+        &case.inputs(),
+        &mut out,
+        None,
+    )
+    .expect("an adapter is present where tests run (lavapipe in CI)");
+    assert_eq!(choice.kernel, "general_expert_ffn_gather");
+    let (dev, _) = case.compare(&out, None, 3);
+    assert!(
+        dev.within(moek_dsl::tolerance::tolerance(DType::Bf16)),
+        "{dev}"
+    );
+}
+
+#[test]
+fn a_wgpu_session_uploads_expert_banks_once_for_prefill_and_decode() {
+    use moek_kernels::wgpu::Session;
+    let s = Shape {
+        t: 4,
+        r: 2,
+        e: 5,
+        h: 96,
+        f: 40,
+        v: 0,
+    };
+    let prefill = Case::<half::f16>::new(Op::ExpertFfn, s, 11);
+    let mut session = Session::new().expect("an adapter (lavapipe in CI)");
+    session.keep(&prefill.w1);
+    session.keep(&prefill.w2);
+    let k = specs::general_expert_ffn_gather::entry().ir().clone();
+    let mut out = vec![f32::NAN; s.t * s.h];
+    session.run(&k, &s, &prefill.inputs(), &mut out).unwrap();
+    let (dev, _) = prefill.compare(&out, None, 11);
+    assert!(
+        dev.within(moek_dsl::tolerance::tolerance(DType::F16)),
+        "{dev}"
+    );
+    assert_eq!(session.weight_uploads(), 2);
+    // Decode: one token of the same layer, the same banks.
+    let one = Shape { t: 1, ..s };
+    let x = prefill.x[..s.h].to_vec();
+    let (idx, weights) = (&prefill.idx[..s.r], &prefill.weights[..s.r]);
+    let inputs = moek_kernels::Inputs::ExpertFfn {
+        x: &x,
+        idx,
+        weights,
+        gate_up: &prefill.w1,
+        down: &prefill.w2,
+    };
+    let mut row = vec![f32::NAN; s.h];
+    session.run(&k, &one, &inputs, &mut row).unwrap();
+    assert_eq!(session.weight_uploads(), 2, "decode reuses the kept banks");
+    let want = moek_dsl::reference::expert_ffn(&one, &x, idx, weights, &prefill.w1, &prefill.w2, 0);
+    let dev = moek_dsl::tolerance::Deviation::measure(&row, &want);
+    assert!(
+        dev.within(moek_dsl::tolerance::tolerance(DType::F16)),
+        "{dev}"
+    );
+}

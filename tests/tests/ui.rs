@@ -5,7 +5,9 @@
 #[test]
 fn ui() {
     let t = trybuild::TestCases::new();
-    for group in ["keys", "names", "blocks", "cores", "select", "spyre"] {
+    for group in [
+        "keys", "names", "blocks", "cores", "select", "spyre", "wgpu",
+    ] {
         t.compile_fail(format!("ui/{group}/*.rs"));
     }
     t.compile_fail("ui/several_mistakes.rs");

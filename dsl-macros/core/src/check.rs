@@ -119,6 +119,13 @@ impl Checker {
         if kernel.targets.contains(&Target::Spyre) {
             self.spyre_rules(spec, &kernel, &p);
         }
+        if kernel.targets.contains(&Target::Wgpu) && kernel.schedule.select == Selection::Grouped {
+            let span = p
+                .select
+                .as_ref()
+                .map_or(spec.name.span(), |s| s.mode.span());
+            self.errors.push(span, "grouped selection has data-dependent group sizes, which the wgpu emitter does not generate: use `gather` or `dense`, or drop `wgpu`");
+        }
         self.errors.is_empty().then_some(kernel)
     }
 

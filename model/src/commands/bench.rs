@@ -16,6 +16,10 @@ use moek_kernels::{CpuFn, geometry};
 use std::process::ExitCode;
 use std::time::Instant;
 
+#[cfg(feature = "wgpu")]
+#[path = "bench_wgpu.rs"]
+mod gpu;
+
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Timed repetitions per figure (the median is reported).
@@ -23,6 +27,15 @@ pub struct BenchArgs {
     pub iters: usize,
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
+    /// Where the kernels run: the CPU (against this machine's floors) or the wgpu adapter present.
+    #[arg(long, value_enum, default_value_t = BenchBackend::Cpu)]
+    pub backend: BenchBackend,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchBackend {
+    Cpu,
+    Wgpu,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -54,6 +67,15 @@ pub const DECODE_FLOOR: f64 = 0.80;
 pub const PREFILL_FLOOR: f64 = 0.60;
 
 pub fn run(args: &BenchArgs) -> Result<ExitCode, CommandError> {
+    if args.backend == BenchBackend::Wgpu {
+        #[cfg(feature = "wgpu")]
+        return gpu::run(args);
+        #[cfg(not(feature = "wgpu"))]
+        return Err(CommandError::Required {
+            backend: "wgpu".into(),
+            why: "this build has no `wgpu` feature".into(),
+        });
+    }
     let f = measure(args.iters.max(3))?;
     match args.format {
         Format::Json => println!(
@@ -187,7 +209,7 @@ fn sgemm_same_flops(threads: usize) -> f64 {
     run(2816, 1408) + run(704, 2816)
 }
 
-fn median(samples: impl Iterator<Item = f64>) -> f64 {
+pub(crate) fn median(samples: impl Iterator<Item = f64>) -> f64 {
     let mut v: Vec<f64> = samples.collect();
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]

@@ -5,7 +5,7 @@
 
 use super::CommandError;
 use moek_kernels::dispatch::{self, Backend};
-use moek_kernels::ir::{DimName, Op};
+use moek_kernels::ir::{DimName, Op, Target};
 use moek_kernels::testing::{self, Report};
 use moek_kernels::{Shape, geometry, specs};
 use std::process::ExitCode;
@@ -22,7 +22,12 @@ pub fn run(require: &[String], filter: Option<&str>) -> Result<ExitCode, Command
         match backend.as_str() {
             "cpu" if cfg!(feature = "cpu") => {}
             "spyre" if cfg!(feature = "spyre") => {}
-            "cpu" | "spyre" => {
+            "wgpu" if cfg!(feature = "wgpu") => {
+                if let Err(why) = wgpu_adapter() {
+                    return Err(required("wgpu", &why));
+                }
+            }
+            "cpu" | "spyre" | "wgpu" => {
                 return Err(required(
                     backend,
                     &format!("this build has no `{backend}` feature"),
@@ -31,10 +36,18 @@ pub fn run(require: &[String], filter: Option<&str>) -> Result<ExitCode, Command
             other => return Err(required(other, "it is not part of this build yet")),
         }
     }
-    let backends: Vec<Backend> = [Backend::cpu(), Backend::spyre()]
+    let backends: Vec<Backend> = [Backend::cpu(), Backend::wgpu(), Backend::spyre()]
         .into_iter()
         .filter(Backend::compiled)
         .collect();
+    // Without an adapter the wgpu rows say so and the other backends still run.
+    let adapter = wgpu_adapter();
+    if cfg!(feature = "wgpu") {
+        match &adapter {
+            Ok(name) => println!("wgpu adapter: {name}"),
+            Err(why) => println!("wgpu: no adapter ({why})"),
+        }
+    }
     println!(
         "{:<44} {:<5} {:<31} {:<30} {:>10} {:>10} {:>9} {:>12}  ok",
         "kernel", "dtype", "shape", "dispatch chooses", "max abs", "rel L2", "ms", "rate"
@@ -49,6 +62,15 @@ pub fn run(require: &[String], filter: Option<&str>) -> Result<ExitCode, Command
         let shape = real_shape(k);
         for backend in backends.iter().filter(|b| k.targets.contains(&b.target)) {
             for &dtype in &k.dtypes {
+                if backend.target == Target::Wgpu && adapter.is_err() {
+                    println!(
+                        "{:<44} {:<5} {:<31} no adapter: not run",
+                        format!("{} [wgpu]", k.name),
+                        dtype.to_string(),
+                        moek_kernels::inputs::describe(k.op, &shape),
+                    );
+                    continue;
+                }
                 let chosen = dispatch::choose(specs::all(), backend, k.op, dtype, &shape, None)
                     .map_or_else(|e| format!("none ({e})"), |c| c.kernel);
                 let report =
@@ -69,6 +91,20 @@ pub fn run(require: &[String], filter: Option<&str>) -> Result<ExitCode, Command
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The shared wgpu device's name and f16 mode, or why there is none.
+fn wgpu_adapter() -> Result<String, String> {
+    #[cfg(feature = "wgpu")]
+    {
+        moek_kernels::wgpu::Gpu::shared()
+            .map(|g| format!("{}, f16 loads {:?}", g.name(), g.f16))
+            .map_err(|e| e.to_string())
+    }
+    #[cfg(not(feature = "wgpu"))]
+    {
+        Err("this build has no `wgpu` feature".to_string())
+    }
 }
 
 fn required(backend: &str, why: &str) -> CommandError {

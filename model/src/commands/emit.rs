@@ -1,7 +1,8 @@
 //! `moek emit NAME --backend B`: the generated source, from the same IR the macro validated.
 
 use super::{CommandError, spec};
-use moek_kernels::ir::Target;
+use moek_dsl::emit::wgsl::{self, Step};
+use moek_kernels::ir::{DType, Target};
 use std::process::ExitCode;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -11,7 +12,15 @@ pub enum EmitBackend {
     Spyre,
 }
 
-pub fn run(name: &str, backend: EmitBackend) -> Result<ExitCode, CommandError> {
+/// The binding limit WGSL is emitted for without an adapter: lavapipe's (and WebGPU's usual).
+const BINDING_LIMIT: u64 = 128 << 20;
+
+pub fn run(
+    name: &str,
+    backend: EmitBackend,
+    dtype: Option<&str>,
+    f16: bool,
+) -> Result<ExitCode, CommandError> {
     let entry = spec(name)?;
     let ir = entry.ir();
     let target = match backend {
@@ -39,6 +48,7 @@ pub fn run(name: &str, backend: EmitBackend) -> Result<ExitCode, CommandError> {
             let program = moek_dsl::spyre::lower::program(ir, ir.dtypes[0]).map_err(|why| {
                 CommandError::NoProgram {
                     name: name.to_string(),
+                    backend: "spyre".into(),
                     why: why.to_string(),
                 }
             })?;
@@ -48,10 +58,68 @@ pub fn run(name: &str, backend: EmitBackend) -> Result<ExitCode, CommandError> {
             );
         }
         EmitBackend::Wgsl => {
-            return Err(CommandError::NoEmitter {
-                backend: "wgsl".into(),
-            });
+            let valid = || {
+                ir.dtypes
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let dtype = match dtype {
+                None => ir.dtypes[0],
+                Some(d) => DType::from_name(d)
+                    .filter(|d| ir.dtypes.contains(d))
+                    .ok_or_else(|| CommandError::DType {
+                        name: name.to_string(),
+                        dtype: d.to_string(),
+                        valid: valid(),
+                    })?,
+            };
+            // Free dims take the 26B-A4B sizes `moek check` runs.
+            let shape = super::check::real_shape(ir);
+            let dev = wgsl::Device {
+                binding_limit: BINDING_LIMIT,
+                f16,
+            };
+            let program =
+                wgsl::program(ir, dtype, &shape, &dev).map_err(|why| CommandError::NoProgram {
+                    name: name.to_string(),
+                    backend: "wgsl".into(),
+                    why: why.to_string(),
+                })?;
+            println!(
+                "// emitted for a {} MiB binding limit; steps: {}",
+                BINDING_LIMIT >> 20,
+                steps(&program.steps)
+            );
+            print!("{}", program.source);
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `gate_up, down_routes_cols0, ..., combine`; a persistent loop shows as `trip[..] x N`.
+fn steps(steps: &[Step]) -> String {
+    let mut names = vec![];
+    let mut trips = 0;
+    for s in steps {
+        match s {
+            Step::Trip(_) => trips += 1,
+            Step::Rows { entry, .. } | Step::Elems { entry, .. } | Step::Indirect { entry, .. } => {
+                if trips <= 1 {
+                    names.push(if trips == 1 {
+                        format!("trip[{entry}]")
+                    } else {
+                        entry.clone()
+                    });
+                }
+            }
+            Step::IndirectArgs(_) => {}
+        }
+    }
+    let mut out = names.join(", ");
+    if trips > 1 {
+        out.push_str(&format!(" ({trips} trips)"));
+    }
+    out
 }

@@ -20,10 +20,18 @@ pub enum CommandError {
         backend: String,
         targets: String,
     },
-    #[error("the {backend} emitter is not part of this build yet; available: cpu, spyre")]
-    NoEmitter { backend: String },
-    #[error("spec `{name}` has no Spyre program: {why}")]
-    NoProgram { name: String, why: String },
+    #[error("spec `{name}` has no {backend} program: {why}")]
+    NoProgram {
+        name: String,
+        backend: String,
+        why: String,
+    },
+    #[error("spec `{name}` has no `{dtype}` variant (dtypes: {valid})")]
+    DType {
+        name: String,
+        dtype: String,
+        valid: String,
+    },
     #[error("backend `{backend}` is required but {why}")]
     Required { backend: String, why: String },
     #[error("{0}")]

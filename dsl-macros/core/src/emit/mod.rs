@@ -2,6 +2,7 @@
 //! its dispatch entry and its generated equivalence tests.
 
 pub mod cpu;
+pub mod wgsl;
 
 use crate::ast::Spec;
 use crate::ir::{Kernel, Target};
@@ -80,33 +81,29 @@ fn cpu_fns(k: &Kernel) -> TokenStream {
 
 /// One test per (enabled backend the spec targets) x dtype, against the f64 reference.
 fn tests(k: &Kernel) -> TokenStream {
-    // wgpu gains its tests with its emitter; every other target is tested here.
-    let cases = k
-        .targets
-        .iter()
-        .filter(|t| **t != Target::Wgpu)
-        .flat_map(|t| {
-            k.dtypes.iter().map(move |d| {
-                let test = format_ident!("{}_{}", t.name(), d.name());
-                let dtype = format_ident!("{}", format!("{d:?}"));
-                let (gate, target) = match t {
-                    Target::Spyre => (quote!(if_spyre), quote!(Spyre)),
-                    _ => (quote!(if_cpu), quote!(Cpu)),
-                };
-                quote! {
-                    ::moek_kernels::__private::#gate! {
-                        #[test]
-                        fn #test() {
-                            ::moek_kernels::__private::testing::check_spec(
-                                &super::entry(),
-                                ::moek_kernels::__private::ir::Target::#target,
-                                ::moek_kernels::__private::ir::DType::#dtype,
-                            );
-                        }
+    let cases = k.targets.iter().flat_map(|t| {
+        k.dtypes.iter().map(move |d| {
+            let test = format_ident!("{}_{}", t.name(), d.name());
+            let dtype = format_ident!("{}", format!("{d:?}"));
+            let (gate, target) = match t {
+                Target::Spyre => (quote!(if_spyre), quote!(Spyre)),
+                Target::Wgpu => (quote!(if_wgpu), quote!(Wgpu)),
+                Target::Cpu => (quote!(if_cpu), quote!(Cpu)),
+            };
+            quote! {
+                ::moek_kernels::__private::#gate! {
+                    #[test]
+                    fn #test() {
+                        ::moek_kernels::__private::testing::check_spec(
+                            &super::entry(),
+                            ::moek_kernels::__private::ir::Target::#target,
+                            ::moek_kernels::__private::ir::DType::#dtype,
+                        );
                     }
                 }
-            })
-        });
+            }
+        })
+    });
     quote! {
         /// Generated: every variant of this spec against the f64 reference, fresh seeds each run.
         #[cfg(test)]

@@ -1,0 +1,217 @@
+//! Running a spec's WGSL program: the program is emitted for the problem's sizes and the device
+//! (`moek_dsl::emit::wgsl`), compiled once per key, bound to the op's tensors and run.
+//!
+//! A [`Session`] keeps weights on the device: slices registered with [`Session::keep`] are
+//! uploaded on first use and shared by every later run (prefill and decode read the same banks).
+//! They are borrowed for the session's lifetime, so they cannot change or be freed under it.
+
+use crate::elem::Elem;
+use crate::inputs::Inputs;
+use moek_dsl::emit::wgsl::{self, Role, WgslError};
+use moek_dsl::ir::Kernel;
+use moek_dsl::reference::Shape;
+use moek_wgpu::{GpuError, GpuTensor};
+use std::collections::{HashMap, HashSet};
+use std::marker::PhantomData;
+use std::sync::Arc;
+use thiserror::Error;
+
+pub use moek_wgpu::Gpu;
+
+#[derive(Debug, Error, PartialEq)]
+pub enum WgpuError {
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error("`{kernel}` has no wgpu program for these sizes: {why}")]
+    NoProgram { kernel: String, why: WgslError },
+    #[error("the program reads tensor `{0}`, which the op's inputs do not provide")]
+    Unbound(String),
+}
+
+/// The program of `k` for `W` at `s` on the shared device, compiled once.
+pub fn program<W: Elem>(
+    gpu: &Gpu,
+    k: &Kernel,
+    s: &Shape,
+) -> Result<Arc<moek_wgpu::Program>, WgpuError> {
+    let dev = gpu.emit_device();
+    let key = format!("{}/{}/{s:?}/{dev:?}", k.name, W::DTYPE);
+    let made = gpu.program(&key, || wgsl::program(k, W::DTYPE, s, &dev));
+    let compiled = made.map_err(|why| WgpuError::NoProgram {
+        kernel: k.name.clone(),
+        why,
+    })?;
+    Ok(compiled?)
+}
+
+/// Runs `k` once on the shared device, uploading every tensor (see [`Session`] to keep weights).
+pub fn run<W: Elem>(
+    k: &Kernel,
+    s: &Shape,
+    inputs: &Inputs<'_, W>,
+    out: &mut [f32],
+) -> Result<Option<u32>, WgpuError> {
+    Session::new()?.run(k, s, inputs, out)
+}
+
+/// Weights kept on the device across runs.
+#[derive(Debug)]
+pub struct Session<'w> {
+    gpu: &'static Gpu,
+    kept: HashSet<(usize, usize)>,
+    /// Uploaded kept weights by (address, bytes, chunk rows).
+    resident: HashMap<(usize, usize, usize), Arc<GpuTensor>>,
+    weight_uploads: usize,
+    _weights: PhantomData<&'w [u8]>,
+}
+
+impl<'w> Session<'w> {
+    pub fn new() -> Result<Self, WgpuError> {
+        Ok(Session {
+            gpu: Gpu::shared()?,
+            kept: HashSet::new(),
+            resident: HashMap::new(),
+            weight_uploads: 0,
+            _weights: PhantomData,
+        })
+    }
+
+    pub fn gpu(&self) -> &'static Gpu {
+        self.gpu
+    }
+
+    /// Keeps `weights` on the device once first used, for every later run of this session.
+    pub fn keep<W: Elem>(&mut self, weights: &'w [W]) {
+        self.kept.insert(key_of(bytemuck::cast_slice(weights)));
+    }
+
+    /// Weight tensors uploaded so far (kept ones count once).
+    pub fn weight_uploads(&self) -> usize {
+        self.weight_uploads
+    }
+
+    /// Runs `k`; `out` is uploaded as the output's initial contents (callers poison it), and
+    /// holds the result after. Returns the argmax for the LM head (computed on the host from the
+    /// read-back logits).
+    pub fn run<W: Elem>(
+        &mut self,
+        k: &Kernel,
+        s: &Shape,
+        inputs: &Inputs<'_, W>,
+        out: &mut [f32],
+    ) -> Result<Option<u32>, WgpuError> {
+        let p = program::<W>(self.gpu, k, s)?;
+        let (host, softcap) = host_tensors(inputs);
+        let mut bound: Vec<Arc<GpuTensor>> = vec![];
+        for plan in p.plan.tensors.iter().filter(|t| t.role != Role::Params) {
+            let find = || {
+                host.iter()
+                    .find(|(n, _)| *n == plan.name)
+                    .map(|(_, b)| *b)
+                    .ok_or_else(|| WgpuError::Unbound(plan.name.clone()))
+            };
+            let t = match plan.role {
+                Role::Weight => {
+                    let bytes = find()?;
+                    let (addr, len) = key_of(bytes);
+                    let key = (addr, len, plan.chunk_rows);
+                    match self.resident.get(&key) {
+                        Some(t) => t.clone(),
+                        None => {
+                            self.weight_uploads += 1;
+                            let t = Arc::new(GpuTensor::upload(self.gpu, plan, bytes));
+                            if self.kept.contains(&(addr, len)) {
+                                self.resident.insert(key, t.clone());
+                            }
+                            t
+                        }
+                    }
+                }
+                Role::Input => Arc::new(GpuTensor::upload(self.gpu, plan, find()?)),
+                Role::Output => Arc::new(GpuTensor::upload(
+                    self.gpu,
+                    plan,
+                    bytemuck::cast_slice(&out[..plan.elems]),
+                )),
+                Role::Scratch | Role::Indirect | Role::Params => {
+                    Arc::new(GpuTensor::zeroed(self.gpu, plan))
+                }
+            };
+            bound.push(t);
+        }
+        let refs: Vec<&GpuTensor> = bound.iter().map(|t| &**t).collect();
+        let result = self.gpu.run(&p, &refs, softcap)?;
+        out.copy_from_slice(&result[..out.len()]);
+        Ok(matches!(inputs, Inputs::LmHeadRow { .. }).then(|| argmax(out)))
+    }
+}
+
+fn key_of(bytes: &[u8]) -> (usize, usize) {
+    (bytes.as_ptr() as usize, bytes.len())
+}
+
+/// The first index of the largest value.
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The op's tensors by the names the emitter binds, as bytes, and the softcap (0 if none).
+fn host_tensors<'a, W: Elem>(inputs: &Inputs<'a, W>) -> (Vec<(&'static str, &'a [u8])>, f32) {
+    use bytemuck::cast_slice as b;
+    match *inputs {
+        Inputs::GateUp { x, idx, gate_up } => (
+            vec![("x", b(x)), ("idx", b(idx)), ("gate_up", b(gate_up))],
+            0.0,
+        ),
+        Inputs::Down {
+            act,
+            idx,
+            weights,
+            down,
+        } => (
+            vec![
+                ("act", b(act)),
+                ("idx", b(idx)),
+                ("weights", b(weights)),
+                ("down", b(down)),
+            ],
+            0.0,
+        ),
+        Inputs::ExpertFfn {
+            x,
+            idx,
+            weights,
+            gate_up,
+            down,
+        } => (
+            vec![
+                ("x", b(x)),
+                ("idx", b(idx)),
+                ("weights", b(weights)),
+                ("gate_up", b(gate_up)),
+                ("down", b(down)),
+            ],
+            0.0,
+        ),
+        Inputs::DenseMlp { x, gate, up, down } => (
+            vec![
+                ("x", b(x)),
+                ("gate", b(gate)),
+                ("up", b(up)),
+                ("down", b(down)),
+            ],
+            0.0,
+        ),
+        Inputs::LmHeadRow {
+            hidden,
+            emb,
+            softcap,
+        } => (vec![("hidden", b(hidden)), ("emb", b(emb))], softcap),
+    }
+}
