@@ -387,6 +387,17 @@ impl<'k> Emitter<'k> {
                     _ => format!("return {var}[i];"),
                 };
                 let _ = writeln!(out, "fn ld_{var}(i: u32) -> f32 {{\n    {body}\n}}");
+                // Elements i and i + 1, i even: one 32-bit load for 16-bit storage.
+                let pair = match (t.elem_bytes, self.storage_elem(t)) {
+                    (2, "f16") => format!("return vec2<f32>(f32({var}[i]), f32({var}[i + 1u]));"),
+                    (2, _) if self.dtype == DType::Bf16 => format!(
+                        "let w = {var}[i >> 1u];\n    \
+                         return vec2<f32>(bitcast<f32>(w << 16u), bitcast<f32>(w & 0xffff0000u));"
+                    ),
+                    (2, _) => format!("return unpack2x16float({var}[i >> 1u]);"),
+                    _ => format!("return vec2<f32>({var}[i], {var}[i + 1u]);"),
+                };
+                let _ = writeln!(out, "fn ld2_{var}(i: u32) -> vec2<f32> {{\n    {pair}\n}}");
             }
         }
         out
@@ -427,14 +438,17 @@ impl<'k> Emitter<'k> {
     /// One thread's sums over `[k0, k1)` of row `row` of weight `w` against the rows of `a` at
     /// the private `tok[q]` (a tile of [`TILE`] tokens), each in order: `tile_W_A(row, k0, k1)`.
     /// Each weight is loaded once for the tile. Emitted once.
-    fn tile(&mut self, w: &str, a: &str) -> String {
-        let name = format!("tile_{w}_{a}");
+    ///
+    /// With `pairs` (every segment edge, row length and token row even) elements go two at a
+    /// time, one 32-bit load each, still added one by one in order.
+    fn tile(&mut self, w: &str, a: &str, pairs: bool) -> String {
+        let name = format!("tile{}_{w}_{a}", if pairs { "2" } else { "" });
         if self.parts.contains(&name) {
             return name;
         }
         self.parts.push(name.clone());
         let wp = self.plan(w).clone();
-        let a_ld = format!("ld_{}", chunk_var(self.plan(a), 0));
+        let a_var = chunk_var(self.plan(a), 0);
         let len = wp.row_len;
         let f = chunked_fn(
             &name,
@@ -443,13 +457,29 @@ impl<'k> Emitter<'k> {
             "row: u32, k0: u32, k1: u32",
             "row, k0, k1",
             |ld| {
+                let inner = if pairs {
+                    format!(
+                        "    for (var k = k0; k < k1; k += 2u) {{\n        \
+                         let wk = {ld2}(wb + k);\n        \
+                         for (var q = 0u; q < TILE; q++) {{\n            \
+                         let xk = ld2_{a_var}(tok[q] + k);\n            \
+                         acc[q] += xk.x * wk.x;\n            \
+                         acc[q] += xk.y * wk.y;\n        \
+                         }}\n    \
+                         }}\n",
+                        ld2 = ld.replacen("ld_", "ld2_", 1)
+                    )
+                } else {
+                    format!(
+                        "    for (var k = k0; k < k1; k++) {{\n        \
+                         let wk = {ld}(wb + k);\n        \
+                         for (var q = 0u; q < TILE; q++) {{ acc[q] += ld_{a_var}(tok[q] + k) * wk; }}\n    \
+                         }}\n"
+                    )
+                };
                 format!(
                     "    var acc: array<f32, TILE>;\n    \
-                     let wb = row * {len}u;\n    \
-                     for (var k = k0; k < k1; k++) {{\n        \
-                     let wk = {ld}(wb + k);\n        \
-                     for (var q = 0u; q < TILE; q++) {{ acc[q] += {a_ld}(tok[q] + k) * wk; }}\n    \
-                     }}\n    \
+                     let wb = row * {len}u;\n{inner}    \
                      return acc;\n"
                 )
             },
@@ -712,8 +742,8 @@ impl<'k> Emitter<'k> {
                  }}\n"
             )
         };
-        let dot = self.tile("gate_up", "x");
         let segs = self.segments(Phase::GateUp, DimName::H, h);
+        let dot = self.tile("gate_up", "x", even(&segs, h));
         let g = self.reduce_tile(&segs, &format!("{dot}(e * {}u + j, K0, K1)", 2 * f), "g");
         let u = self.reduce_tile(
             &segs,
@@ -726,8 +756,8 @@ impl<'k> Emitter<'k> {
             tile.replace("ROW", &format!("{h}u")),
             store(&format!("act_0[t * {f}u + j] = gelu_tanh(g[q]) * u[q];")),
         );
-        let dot = self.tile("down", "act");
         let segs = self.segments(Phase::Down, DimName::F, f);
+        let dot = self.tile("down", "act", even(&segs, f));
         let y = self.reduce_tile(&segs, &format!("{dot}(e * {h}u + i, K0, K1)"), "y");
         let dn = format!(
             "    let i = wid.x * WG + lid;\n    \
@@ -950,6 +980,14 @@ fn softcap(x: f32, cap: f32) -> f32 {
 fn segments_comment(segs: &Segs) -> String {
     let list: Vec<String> = segs.iter().map(|(a, b)| format!("[{a}, {b})")).collect();
     format!("    // segments, added in order: {}\n", list.join(" "))
+}
+
+/// Whether a reduction over `segs` of rows of length `len` can go two elements at a time.
+fn even(segs: &Segs, len: usize) -> bool {
+    len.is_multiple_of(2)
+        && segs
+            .iter()
+            .all(|&(a, b)| a.is_multiple_of(2) && b.is_multiple_of(2))
 }
 
 /// Whether reduction blocks declared on `dim` apply to `phase` of `op`.
