@@ -41,6 +41,10 @@ enum Command {
         #[arg(long)]
         filter: Option<String>,
     },
+    /// Logits of a Gemma-4 checkpoint for the given tokens (JSON).
+    Logits(commands::run::LogitsArgs),
+    /// Generate tokens from a Gemma-4 checkpoint.
+    Generate(commands::run::GenerateArgs),
     /// Measure decode bandwidth and prefill throughput against this machine's floors.
     Bench(commands::bench::BenchArgs),
     /// The Spyre cost model beside the public device figures.
@@ -60,6 +64,8 @@ fn main() -> ExitCode {
         } => commands::emit::run(&name, backend, dtype.as_deref(), f16),
         Command::Check { require, filter } => commands::check::run(&require, filter.as_deref()),
         Command::Bench(args) => commands::bench::run(&args),
+        Command::Logits(args) => commands::run::logits(&args),
+        Command::Generate(args) => commands::run::generate_cmd(&args),
         #[cfg(feature = "spyre")]
         Command::SpyreCalibrate => commands::spyre::run(),
     };

@@ -229,3 +229,95 @@ fn emit_prints_the_wgsl_program() {
         "{err}"
     );
 }
+
+const F32: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../tests/fixtures/tiny-gemma4-moe-f32"
+);
+
+#[test]
+fn logits_prints_the_last_row_or_every_row_as_json() {
+    let (ok, out, err) = moek(&[
+        "logits", "--model", F32, "--tokens", "2,17,5", "--format", "json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["position"], 2);
+    assert_eq!(rows[0]["logits"].as_array().unwrap().len(), 512);
+    let (ok, out, _) = moek(&[
+        "logits", "--model", F32, "--tokens", "2,17,5", "--all", "--format", "json",
+    ]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let positions: Vec<u64> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["position"].as_u64().unwrap())
+        .collect();
+    assert_eq!(positions, [0, 1, 2]);
+}
+
+#[test]
+fn generate_prints_new_tokens_and_explains_its_choices() {
+    let (ok, out, err) = moek(&[
+        "generate",
+        "--model",
+        F32,
+        "--tokens",
+        "2,17,5,9,33,41,7,12,3,60",
+        "--max-new-tokens",
+        "4",
+        "--greedy",
+        "--prefill-chunk",
+        "4",
+        "--format",
+        "json",
+        "--explain",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 4);
+    assert!(
+        err.contains(
+            "layer 0 moe (4 tokens): general_expert_ffn_grouped on cpu (f32): most specific"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("layer 3 moe (1 tokens): general_expert_ffn_gather on cpu"),
+        "{err}"
+    );
+    assert!(
+        err.contains("; not prefill_expert_ffn_persistent: it has no f32 variant"),
+        "{err}"
+    );
+}
+
+#[test]
+fn model_errors_are_clear() {
+    let (ok, _, err) = moek(&["logits", "--model", "/nonexistent", "--tokens", "1"]);
+    assert!(!ok);
+    assert!(
+        err.contains("cannot read `/nonexistent/config.json`"),
+        "{err}"
+    );
+    let (ok, _, err) = moek(&[
+        "generate",
+        "--model",
+        F32,
+        "--tokens",
+        "2,3",
+        "--max-new-tokens",
+        "2",
+        "--variant",
+        "decode_expert_ffn_blocked",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("variant `decode_expert_ffn_blocked` was requested but is not eligible"),
+        "{err}"
+    );
+}

@@ -1,7 +1,8 @@
 //! `moek check`: every spec's variants at their real size (26B-A4B sizes for free dims) against the
 //! f64 reference, on every backend this build has, with the variant dispatch would choose for that
 //! problem, the time and the rate (for Spyre: the simulator's time, and the cost model's time, LX
-//! peak and bytes moved). Exits non-zero when any variant is outside its tolerance.
+//! peak and bytes moved). Then the built-in tiny Gemma-4 MoE through every backend, greedy tokens
+//! compared. Exits non-zero when any variant is outside its tolerance or the backends disagree.
 
 use super::CommandError;
 use moek_kernels::dispatch::{self, Backend};
@@ -81,6 +82,10 @@ pub fn run(require: &[String], filter: Option<&str>) -> Result<ExitCode, Command
         }
     }
     println!("seed {seed}; tolerances: moek_dsl::tolerance (docs/numerics.md)");
+    // `--filter tiny` runs the tiny model alone.
+    if filter.is_none_or(|f| "tiny_gemma4".contains(f)) {
+        failed += usize::from(!tiny_model(&backends, adapter.is_ok()));
+    }
     #[cfg(feature = "spyre")]
     println!(
         "spyre rows: simulated in DL16; {}",
@@ -105,6 +110,49 @@ fn wgpu_adapter() -> Result<String, String> {
     {
         Err("this build has no `wgpu` feature".to_string())
     }
+}
+
+/// The built-in tiny Gemma-4 MoE through every backend: greedy tokens, and whether those that
+/// ran agree. A backend with no variant for the tiny sizes says so and is not counted.
+fn tiny_model(backends: &[Backend], adapter: bool) -> bool {
+    let cfg = crate::tiny::config();
+    let prompt = [2, 17, 5, 9, 33, 41, 7, 12, 3];
+    let mut runs: Vec<(Target, Vec<u32>)> = vec![];
+    println!(
+        "tiny Gemma-4 MoE ({} layers, window {}, {} experts top-{}), bf16, greedy after {} prompt tokens:",
+        cfg.layers.len(),
+        cfg.window,
+        cfg.moe.map_or(0, |m| m.experts),
+        cfg.moe.map_or(0, |m| m.top_k),
+        prompt.len()
+    );
+    for backend in backends {
+        if backend.target == Target::Wgpu && !adapter {
+            println!("  {:<6} no adapter: not run", backend.target.to_string());
+            continue;
+        }
+        let model = crate::forward::Model {
+            cfg: cfg.clone(),
+            weights: crate::tiny::weights::<half::bf16>(&cfg),
+            backend: backend.clone(),
+            variant: None,
+        };
+        let sampling = crate::generate::Sampling::greedy();
+        match crate::generate::generate(&model, &prompt, 8, Some(4), &sampling, &[], &mut vec![]) {
+            Ok(tokens) => {
+                println!("  {:<6} {tokens:?}", backend.target.to_string());
+                runs.push((backend.target, tokens));
+            }
+            Err(e) => println!("  {:<6} not run: {e}", backend.target.to_string()),
+        }
+    }
+    let agree = runs.windows(2).all(|w| w[0].1 == w[1].1);
+    println!(
+        "  {} backend(s) ran; greedy tokens {}",
+        runs.len(),
+        if agree { "agree" } else { "DISAGREE" }
+    );
+    agree && !runs.is_empty()
 }
 
 fn required(backend: &str, why: &str) -> CommandError {

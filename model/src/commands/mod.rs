@@ -4,6 +4,7 @@ pub mod bench;
 pub mod check;
 pub mod emit;
 pub mod list;
+pub mod run;
 #[cfg(feature = "spyre")]
 pub mod spyre;
 
@@ -36,6 +37,12 @@ pub enum CommandError {
     Required { backend: String, why: String },
     #[error("{0}")]
     Dispatch(#[from] moek_kernels::DispatchError),
+    #[error(transparent)]
+    Load(#[from] crate::checkpoint::LoadError),
+    #[error(transparent)]
+    Model(#[from] crate::forward::ModelError),
+    #[error("{0}")]
+    Usage(String),
 }
 
 /// The built-in spec named `name`.

@@ -1,0 +1,237 @@
+//! A safetensors checkpoint read in place: one file or shards listed by
+//! `model.safetensors.index.json`, memory-mapped (`memmap2`) and parsed by `safetensors`. Tensors
+//! are borrowed from the maps, so the experts exist once, in the page cache.
+
+use half::{bf16, f16};
+use memmap2::Mmap;
+use moek_kernels::Elem;
+use safetensors::{Dtype, SafeTensors};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// Why a checkpoint cannot be used; every variant names the file, tensor or key.
+#[derive(Debug, Error)]
+pub enum LoadError {
+    #[error("cannot read `{path}`: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("`{path}` is not a valid safetensors file (truncated or corrupt?): {why}")]
+    Format { path: PathBuf, why: String },
+    #[error(
+        "`{path}` has no safetensors files (model.safetensors or model.safetensors.index.json)"
+    )]
+    NoWeights { path: PathBuf },
+    #[error("tensor `{name}` is missing (looked for {tried})")]
+    Missing { name: String, tried: String },
+    #[error("tensor `{tensor}` has shape {found:?}; expected {expected:?}")]
+    Shape {
+        tensor: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
+    #[error("tensor `{tensor}` is {found}; expected {expected}")]
+    DType {
+        tensor: String,
+        expected: String,
+        found: String,
+    },
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+}
+
+/// Where one tensor lies.
+#[derive(Clone, Debug)]
+struct Entry {
+    shard: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    /// Byte range in the shard's map.
+    bytes: std::ops::Range<usize>,
+}
+
+/// The tensors of a checkpoint directory.
+#[derive(Debug)]
+pub struct Checkpoint {
+    shards: Vec<(PathBuf, Mmap)>,
+    entries: HashMap<String, Entry>,
+}
+
+impl Checkpoint {
+    /// Maps `dir/model.safetensors`, or every shard named in `dir/model.safetensors.index.json`.
+    pub fn open(dir: &Path) -> Result<Checkpoint, LoadError> {
+        let index = dir.join("model.safetensors.index.json");
+        let files: Vec<PathBuf> = if index.exists() {
+            let text = read(&index)?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| LoadError::Format {
+                    path: index.clone(),
+                    why: e.to_string(),
+                })?;
+            let map = v["weight_map"]
+                .as_object()
+                .ok_or_else(|| LoadError::Format {
+                    path: index.clone(),
+                    why: "no `weight_map` object".into(),
+                })?;
+            let mut names: Vec<&str> = map.values().filter_map(|f| f.as_str()).collect();
+            names.sort_unstable();
+            names.dedup();
+            names.into_iter().map(|f| dir.join(f)).collect()
+        } else if dir.join("model.safetensors").exists() {
+            vec![dir.join("model.safetensors")]
+        } else {
+            return Err(LoadError::NoWeights {
+                path: dir.to_path_buf(),
+            });
+        };
+        Checkpoint::from_files(&files)
+    }
+
+    pub fn from_files(files: &[PathBuf]) -> Result<Checkpoint, LoadError> {
+        let mut shards = vec![];
+        let mut entries = HashMap::new();
+        for (i, path) in files.iter().enumerate() {
+            let io = |source| LoadError::Io {
+                path: path.clone(),
+                source,
+            };
+            let file = File::open(path).map_err(io)?;
+            // SAFETY: the map is read-only; a checkpoint changed on disk while we run is outside
+            // what any reader can defend against (as with every mmap-based loader).
+            let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+            let st = SafeTensors::deserialize(&map).map_err(|e| LoadError::Format {
+                path: path.clone(),
+                why: e.to_string(),
+            })?;
+            for (name, view) in st.tensors() {
+                let start = view.data().as_ptr() as usize - map.as_ptr() as usize;
+                entries.insert(
+                    name,
+                    Entry {
+                        shard: i,
+                        dtype: view.dtype(),
+                        shape: view.shape().to_vec(),
+                        bytes: start..start + view.data().len(),
+                    },
+                );
+            }
+            shards.push((path.clone(), map));
+        }
+        Ok(Checkpoint { shards, entries })
+    }
+
+    /// Bytes of every tensor.
+    pub fn bytes(&self) -> usize {
+        self.entries.values().map(|e| e.bytes.len()).sum()
+    }
+
+    /// The first of `names` present.
+    fn find(&self, names: &[String]) -> Result<(&str, &Entry), LoadError> {
+        names
+            .iter()
+            .find_map(|n| self.entries.get_key_value(n.as_str()))
+            .map(|(k, e)| (k.as_str(), e))
+            .ok_or_else(|| LoadError::Missing {
+                name: names[0].clone(),
+                tried: names
+                    .iter()
+                    .map(|n| format!("`{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+
+    /// Whether any of `names` is present.
+    pub fn has(&self, names: &[String]) -> bool {
+        names.iter().any(|n| self.entries.contains_key(n.as_str()))
+    }
+
+    /// The storage dtype of the first of `names` present.
+    pub fn dtype(&self, names: &[String]) -> Result<Dtype, LoadError> {
+        Ok(self.find(names)?.1.dtype)
+    }
+
+    /// Tensor `names[0]` (or an alias) with `shape`, in the checkpoint's dtype `W`, borrowed from
+    /// the map (copied only if the file places it off `W`'s alignment).
+    pub fn tensor<W: Elem>(
+        &self,
+        names: &[String],
+        shape: &[usize],
+    ) -> Result<Cow<'_, [W]>, LoadError> {
+        let (name, e) = self.find(names)?;
+        check_shape(name, &e.shape, shape)?;
+        if e.dtype != dtype_of::<W>() {
+            return Err(LoadError::DType {
+                tensor: name.to_string(),
+                expected: format!("{:?}", dtype_of::<W>()),
+                found: format!("{:?}", e.dtype),
+            });
+        }
+        let bytes = &self.shards[e.shard].1[e.bytes.clone()];
+        Ok(match bytemuck::try_cast_slice(bytes) {
+            Ok(v) => Cow::Borrowed(v),
+            Err(_) => Cow::Owned(bytemuck::pod_collect_to_vec(bytes)),
+        })
+    }
+
+    /// Tensor `names[0]` (or an alias) with `shape`, widened to f32 from any float dtype (norm
+    /// weights, scales: small tensors the CPU uses directly).
+    pub fn f32s(&self, names: &[String], shape: &[usize]) -> Result<Vec<f32>, LoadError> {
+        let (name, e) = self.find(names)?;
+        check_shape(name, &e.shape, shape)?;
+        let bytes = &self.shards[e.shard].1[e.bytes.clone()];
+        Ok(match e.dtype {
+            Dtype::F32 => bytemuck::pod_collect_to_vec(bytes),
+            Dtype::BF16 => bytemuck::pod_collect_to_vec::<u8, bf16>(bytes)
+                .iter()
+                .map(|v| v.to_f32())
+                .collect(),
+            Dtype::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(bytes)
+                .iter()
+                .map(|v| v.to_f32())
+                .collect(),
+            other => {
+                return Err(LoadError::DType {
+                    tensor: name.to_string(),
+                    expected: "F32, BF16 or F16".into(),
+                    found: format!("{other:?}"),
+                });
+            }
+        })
+    }
+}
+
+fn check_shape(name: &str, found: &[usize], expected: &[usize]) -> Result<(), LoadError> {
+    // A [1] scalar may also be stored as a 0-d tensor.
+    let scalar = expected == [1] && found.is_empty();
+    if found == expected || scalar {
+        Ok(())
+    } else {
+        Err(LoadError::Shape {
+            tensor: name.to_string(),
+            expected: expected.to_vec(),
+            found: found.to_vec(),
+        })
+    }
+}
+
+/// The safetensors dtype of a storage element.
+pub fn dtype_of<W: Elem>() -> Dtype {
+    match W::DTYPE {
+        moek_kernels::ir::DType::F16 => Dtype::F16,
+        moek_kernels::ir::DType::Bf16 => Dtype::BF16,
+        moek_kernels::ir::DType::F32 => Dtype::F32,
+    }
+}
+
+fn read(path: &Path) -> Result<String, LoadError> {
+    std::fs::read_to_string(path).map_err(|source| LoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}

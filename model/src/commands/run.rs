@@ -1,0 +1,241 @@
+//! `moek logits` and `moek generate`: a checkpoint directory (or the built-in tiny model) run on
+//! the generated kernels of the chosen backend.
+
+use super::CommandError;
+use crate::checkpoint::Checkpoint;
+use crate::config::Config;
+use crate::forward::{Cache, Head, Model, Trace};
+use crate::generate::{Sampling, generate};
+use crate::ops::Float;
+use crate::weights;
+use half::{bf16, f16};
+use moek_kernels::dispatch::Backend;
+use safetensors::Dtype;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendArg {
+    Cpu,
+    Wgpu,
+    Spyre,
+}
+
+impl BackendArg {
+    pub fn backend(self) -> Backend {
+        match self {
+            BackendArg::Cpu => Backend::cpu(),
+            BackendArg::Wgpu => Backend::wgpu(),
+            BackendArg::Spyre => Backend::spyre(),
+        }
+    }
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// A Hugging Face Gemma-4 checkpoint directory (config.json + safetensors).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Comma-separated token ids.
+    #[arg(long, value_delimiter = ',')]
+    pub tokens: Vec<u32>,
+    /// Where the generated kernels (MoE, dense MLP, LM head) run.
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    pub backend: BackendArg,
+    /// Log, per layer and step, which variant ran and why the others did not.
+    #[arg(long)]
+    pub explain: bool,
+    /// Force this MoE variant (an ineligible one is an error before anything runs).
+    #[arg(long)]
+    pub variant: Option<String>,
+    #[arg(long, value_enum, default_value_t = super::bench::Format::Text)]
+    pub format: super::bench::Format,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct LogitsArgs {
+    #[command(flatten)]
+    pub common: ModelArgs,
+    /// Every row's logits, not only the last.
+    #[arg(long)]
+    pub all: bool,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub common: ModelArgs,
+    /// Text to encode with the checkpoint's tokenizer.json (instead of --tokens).
+    #[arg(long)]
+    pub prompt: Option<String>,
+    #[arg(long)]
+    pub max_new_tokens: usize,
+    #[arg(long)]
+    pub greedy: bool,
+    /// Prefill in chunks of this many tokens.
+    #[arg(long)]
+    pub prefill_chunk: Option<usize>,
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// What to do with a loaded model, for any storage dtype.
+trait Job {
+    fn run<W: Float>(self, model: &Model<'_, W>) -> Result<ExitCode, CommandError>;
+}
+
+pub fn logits(args: &LogitsArgs) -> Result<ExitCode, CommandError> {
+    with_model(&args.common, LogitsJob(args))
+}
+
+pub fn generate_cmd(args: &GenerateArgs) -> Result<ExitCode, CommandError> {
+    if args.prompt.is_some() {
+        return Err(CommandError::Usage(
+            "--prompt needs tokenizer support, which this build does not have yet; pass --tokens"
+                .into(),
+        ));
+    }
+    with_model(&args.common, GenerateJob(args))
+}
+
+fn with_model(args: &ModelArgs, job: impl Job) -> Result<ExitCode, CommandError> {
+    if args.tokens.is_empty() {
+        return Err(CommandError::Usage("--tokens is empty".into()));
+    }
+    let cfg = Config::load(&args.model).map_err(crate::checkpoint::LoadError::from)?;
+    let ck = Checkpoint::open(&args.model)?;
+    let names = [
+        "model.embed_tokens.weight".to_string(),
+        "model.language_model.embed_tokens.weight".to_string(),
+    ];
+    match ck.dtype(&names)? {
+        Dtype::BF16 => load::<bf16>(&ck, cfg, args, job),
+        Dtype::F16 => load::<f16>(&ck, cfg, args, job),
+        Dtype::F32 => load::<f32>(&ck, cfg, args, job),
+        other => Err(crate::checkpoint::LoadError::DType {
+            tensor: names[0].clone(),
+            expected: "BF16, F16 or F32".into(),
+            found: format!("{other:?}"),
+        }
+        .into()),
+    }
+}
+
+fn load<W: Float>(
+    ck: &Checkpoint,
+    cfg: Config,
+    args: &ModelArgs,
+    job: impl Job,
+) -> Result<ExitCode, CommandError> {
+    let bar = indicatif::ProgressBar::new(cfg.layers.len() as u64).with_style(
+        indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers")
+            .expect("a valid template"),
+    );
+    let weights = weights::load::<W>(ck, &cfg, |n| bar.set_position(n as u64))?;
+    bar.finish_and_clear();
+    let model = Model {
+        cfg,
+        weights,
+        backend: args.backend.backend(),
+        variant: args.variant.clone(),
+    };
+    job.run(&model)
+}
+
+/// `--explain`: one line per dispatch, to stderr.
+pub fn explain(trace: &[Trace]) {
+    for t in trace {
+        let layer = if t.layer == usize::MAX {
+            "head".to_string()
+        } else {
+            format!("layer {}", t.layer)
+        };
+        eprintln!("{layer} {} ({} tokens): {}", t.what, t.tokens, t.choice);
+    }
+}
+
+struct LogitsJob<'a>(&'a LogitsArgs);
+
+impl Job for LogitsJob<'_> {
+    fn run<W: Float>(self, model: &Model<'_, W>) -> Result<ExitCode, CommandError> {
+        let a = self.0;
+        let tokens = &a.common.tokens;
+        let mut trace = vec![];
+        let head = if a.all { Head::All } else { Head::Last };
+        let rows = model.forward(tokens, &mut Cache::default(), head, &mut trace)?;
+        if a.common.explain {
+            explain(&trace);
+        }
+        let first = if a.all { 0 } else { tokens.len() - 1 };
+        let rows: Vec<serde_json::Value> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, l)| serde_json::json!({"position": first + i, "logits": l}))
+            .collect();
+        println!("{}", serde_json::json!({ "rows": rows }));
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+struct GenerateJob<'a>(&'a GenerateArgs);
+
+impl Job for GenerateJob<'_> {
+    fn run<W: Float>(self, model: &Model<'_, W>) -> Result<ExitCode, CommandError> {
+        let a = self.0;
+        let sampling = Sampling {
+            greedy: a.greedy,
+            temperature: a.temperature,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            seed: a.seed,
+        };
+        let stop = stop_tokens(&a.common.model, &model.cfg);
+        let mut trace = vec![];
+        let out = generate(
+            model,
+            &a.common.tokens,
+            a.max_new_tokens,
+            a.prefill_chunk,
+            &sampling,
+            &stop,
+            &mut trace,
+        )?;
+        if a.common.explain {
+            explain(&trace);
+        }
+        match a.common.format {
+            super::bench::Format::Json => println!("{}", serde_json::json!({ "tokens": out })),
+            super::bench::Format::Text => println!(
+                "{}",
+                out.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// Stop tokens: generation_config.json's `eos_token_id` when present, else config.json's.
+pub fn stop_tokens(dir: &Path, cfg: &Config) -> Vec<u32> {
+    let from_file = std::fs::read_to_string(dir.join("generation_config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| match v.get("eos_token_id")? {
+            serde_json::Value::Array(a) => Some(
+                a.iter()
+                    .filter_map(|x| x.as_u64())
+                    .map(|x| x as u32)
+                    .collect(),
+            ),
+            x => x.as_u64().map(|x| vec![x as u32]),
+        });
+    from_file.unwrap_or_else(|| cfg.eos.clone())
+}

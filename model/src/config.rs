@@ -1,0 +1,362 @@
+//! Gemma-4 text configuration from a Hugging Face `config.json` (`model_type` `gemma4_text`, or
+//! `gemma4` with its `text_config`). Features this crate does not implement are refused by name.
+
+use serde_json::Value;
+use std::path::Path;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read `{path}`: {why}")]
+    Read { path: String, why: String },
+    #[error("config key `{key}` is missing")]
+    Missing { key: String },
+    #[error("config key `{key}` is {found}; expected {expected}")]
+    Invalid {
+        key: String,
+        expected: String,
+        found: String,
+    },
+    #[error("config asks for {feature} (`{key}` = {value}), which moek does not implement")]
+    Unsupported {
+        feature: &'static str,
+        key: &'static str,
+        value: String,
+    },
+}
+
+/// Attention kind of a layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attention {
+    Sliding,
+    Full,
+}
+
+/// Rotary embedding of one layer kind: `pairs` of the `head_dim / 2` frequency pairs rotate, with
+/// `inv_freq[j] = theta^(-2j / head_dim)`; the others pass through (proportional RoPE).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rope {
+    pub theta: f64,
+    pub pairs: usize,
+    /// Divides every frequency (`factor`, 1 by default).
+    pub factor: f64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Layer {
+    pub attention: Attention,
+    pub head_dim: usize,
+    pub kv_heads: usize,
+    /// V is the raw K projection (no `v_proj`): full layers with `attention_k_eq_v`.
+    pub k_eq_v: bool,
+    pub rope: Rope,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Moe {
+    pub experts: usize,
+    pub top_k: usize,
+    pub intermediate: usize,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub vocab: usize,
+    pub hidden: usize,
+    /// Dense MLP width.
+    pub intermediate: usize,
+    pub heads: usize,
+    pub eps: f32,
+    pub window: usize,
+    pub softcap: Option<f32>,
+    pub layers: Vec<Layer>,
+    pub moe: Option<Moe>,
+    /// Stop tokens (`eos_token_id`, one or several).
+    pub eos: Vec<u32>,
+}
+
+impl Config {
+    /// Reads `dir/config.json`.
+    pub fn load(dir: &Path) -> Result<Config, ConfigError> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| ConfigError::Read {
+            path: path.display().to_string(),
+            why: e.to_string(),
+        })?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| ConfigError::Read {
+            path: path.display().to_string(),
+            why: e.to_string(),
+        })?;
+        Config::from_json(&v)
+    }
+
+    pub fn from_json(v: &Value) -> Result<Config, ConfigError> {
+        let t = match v.get("model_type").and_then(Value::as_str) {
+            Some("gemma4_text") => v,
+            Some("gemma4") => v.get("text_config").ok_or_else(|| ConfigError::Missing {
+                key: "text_config".into(),
+            })?,
+            other => {
+                return Err(ConfigError::Invalid {
+                    key: "model_type".into(),
+                    expected: "`gemma4_text` or `gemma4`".into(),
+                    found: other.map_or("absent".into(), |s| format!("`{s}`")),
+                });
+            }
+        };
+        let r = Reader(t);
+        refuse(&r)?;
+        let n = r.usize("num_hidden_layers")?;
+        let head_dim = r.usize_or("head_dim", 256)?;
+        let kv_heads = r.usize_or("num_key_value_heads", 4)?;
+        let k_eq_v = r.bool_or("attention_k_eq_v", false)?;
+        let global_head_dim = r.usize_or("global_head_dim", 512)?;
+        let global_kv = r.opt_usize("num_global_key_value_heads")?;
+        let kinds = layer_types(&r, n)?;
+        let per_layer = t.get("per_layer_config");
+        let layers = kinds
+            .into_iter()
+            .enumerate()
+            .map(|(i, attention)| {
+                let full = attention == Attention::Full;
+                // Hub shape: global_* for full layers; saved shape: per_layer_config overrides.
+                let (mut hd, mut kv) = if full && per_layer.is_none() {
+                    let kv = if k_eq_v {
+                        global_kv.unwrap_or(kv_heads)
+                    } else {
+                        kv_heads
+                    };
+                    (global_head_dim, kv)
+                } else {
+                    (head_dim, kv_heads)
+                };
+                if let Some(o) = per_layer.and_then(|p| layer_override(p, i, n)) {
+                    let o = Reader(o);
+                    hd = o.usize_or("head_dim", hd)?;
+                    kv = o.usize_or("num_key_value_heads", kv)?;
+                }
+                Ok(Layer {
+                    attention,
+                    head_dim: hd,
+                    kv_heads: kv,
+                    k_eq_v: full && k_eq_v,
+                    rope: rope(t, attention, hd)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        let heads = r.usize("num_attention_heads")?;
+        for (i, l) in layers.iter().enumerate() {
+            if l.kv_heads == 0 || heads % l.kv_heads != 0 || l.head_dim % 2 != 0 {
+                return Err(ConfigError::Invalid {
+                    key: format!("layer {i} attention"),
+                    expected: "kv heads dividing num_attention_heads and an even head_dim".into(),
+                    found: format!(
+                        "{} heads, {} kv heads, head_dim {}",
+                        heads, l.kv_heads, l.head_dim
+                    ),
+                });
+            }
+        }
+        let moe = if r.bool_or("enable_moe_block", false)? {
+            Some(Moe {
+                experts: r.usize("num_experts")?,
+                top_k: r.usize("top_k_experts")?,
+                intermediate: r.usize("moe_intermediate_size")?,
+            })
+        } else {
+            None
+        };
+        let eos = match t.get("eos_token_id").or_else(|| v.get("eos_token_id")) {
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(Value::as_u64)
+                .map(|x| x as u32)
+                .collect(),
+            Some(x) => x.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+            None => vec![],
+        };
+        Ok(Config {
+            vocab: r.usize("vocab_size")?,
+            hidden: r.usize("hidden_size")?,
+            intermediate: r.usize("intermediate_size")?,
+            heads,
+            eps: r.f64_or("rms_norm_eps", 1e-6)? as f32,
+            window: r.usize_or("sliding_window", 512)?,
+            softcap: r.opt_f64("final_logit_softcapping")?.map(|x| x as f32),
+            layers,
+            moe,
+            eos,
+        })
+    }
+}
+
+/// Refuses the configuration features this crate does not implement, naming them.
+fn refuse(r: &Reader) -> Result<(), ConfigError> {
+    // Absent means the Hugging Face default, 256: per-layer inputs on.
+    let ple = r.opt_usize("hidden_size_per_layer_input")?;
+    let ple = if r.0.get("hidden_size_per_layer_input").is_some() {
+        ple.unwrap_or(0)
+    } else {
+        256
+    };
+    if ple > 0 {
+        return Err(ConfigError::Unsupported {
+            feature: "per-layer input embeddings",
+            key: "hidden_size_per_layer_input",
+            value: ple.to_string(),
+        });
+    }
+    let shared = r.usize_or("num_kv_shared_layers", 0)?;
+    if shared > 0 {
+        return Err(ConfigError::Unsupported {
+            feature: "KV-shared layers",
+            key: "num_kv_shared_layers",
+            value: shared.to_string(),
+        });
+    }
+    if r.bool_or("use_double_wide_mlp", false)? {
+        return Err(ConfigError::Unsupported {
+            feature: "the double-wide MLP",
+            key: "use_double_wide_mlp",
+            value: "true".into(),
+        });
+    }
+    match r.0.get("use_bidirectional_attention") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s == "vision" => {}
+        Some(other) => {
+            return Err(ConfigError::Unsupported {
+                feature: "bidirectional attention",
+                key: "use_bidirectional_attention",
+                value: other.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn layer_types(r: &Reader, n: usize) -> Result<Vec<Attention>, ConfigError> {
+    match r.0.get("layer_types") {
+        None | Some(Value::Null) => Ok((0..n)
+            .map(|i| {
+                if (i + 1) % 6 == 0 || i + 1 == n {
+                    Attention::Full
+                } else {
+                    Attention::Sliding
+                }
+            })
+            .collect()),
+        Some(Value::Array(a)) if a.len() == n => a
+            .iter()
+            .enumerate()
+            .map(|(i, x)| match x.as_str() {
+                Some("sliding_attention") => Ok(Attention::Sliding),
+                Some("full_attention") => Ok(Attention::Full),
+                _ => Err(ConfigError::Invalid {
+                    key: format!("layer_types[{i}]"),
+                    expected: "`sliding_attention` or `full_attention`".into(),
+                    found: x.to_string(),
+                }),
+            })
+            .collect(),
+        Some(other) => Err(ConfigError::Invalid {
+            key: "layer_types".into(),
+            expected: format!("a list of {n} layer types"),
+            found: other.to_string(),
+        }),
+    }
+}
+
+/// `per_layer_config["05"]` (keys zero-padded to the widest index), or unpadded.
+fn layer_override(p: &Value, i: usize, n: usize) -> Option<&Value> {
+    let width = (n.max(1) - 1).to_string().len();
+    p.get(format!("{i:0width$}"))
+        .or_else(|| p.get(i.to_string()))
+}
+
+fn rope(t: &Value, kind: Attention, head_dim: usize) -> Result<Rope, ConfigError> {
+    let key = match kind {
+        Attention::Sliding => "sliding_attention",
+        Attention::Full => "full_attention",
+    };
+    let params = t.get("rope_parameters").and_then(|p| p.get(key));
+    let (default_theta, default_type) = match kind {
+        Attention::Sliding => (1e4, "default"),
+        Attention::Full => (1e6, "proportional"),
+    };
+    let p = Reader(params.unwrap_or(&Value::Null));
+    let theta = p.f64_or("rope_theta", default_theta)?;
+    let kind = params
+        .and_then(|p| p.get("rope_type"))
+        .and_then(Value::as_str)
+        .unwrap_or(default_type);
+    let half = head_dim / 2;
+    let pairs = match kind {
+        "default" => half,
+        "proportional" => {
+            let f = p.f64_or("partial_rotary_factor", 1.0)?;
+            ((f * head_dim as f64) as usize / 2).min(half)
+        }
+        other => {
+            return Err(ConfigError::Invalid {
+                key: format!("rope_parameters.{key}.rope_type"),
+                expected: "`default` or `proportional`".into(),
+                found: format!("`{other}`"),
+            });
+        }
+    };
+    Ok(Rope {
+        theta,
+        pairs,
+        factor: p.f64_or("factor", 1.0)?,
+    })
+}
+
+/// Typed reads of one JSON object, errors naming the key.
+struct Reader<'a>(&'a Value);
+
+impl Reader<'_> {
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>, ConfigError> {
+        match self.0.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .map(|x| Some(x as usize))
+                .ok_or_else(|| invalid(key, "a non-negative integer", v)),
+        }
+    }
+    fn usize(&self, key: &str) -> Result<usize, ConfigError> {
+        self.opt_usize(key)?.ok_or_else(|| ConfigError::Missing {
+            key: key.to_string(),
+        })
+    }
+    fn usize_or(&self, key: &str, default: usize) -> Result<usize, ConfigError> {
+        Ok(self.opt_usize(key)?.unwrap_or(default))
+    }
+    fn opt_f64(&self, key: &str) -> Result<Option<f64>, ConfigError> {
+        match self.0.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| invalid(key, "a number", v)),
+        }
+    }
+    fn f64_or(&self, key: &str, default: f64) -> Result<f64, ConfigError> {
+        Ok(self.opt_f64(key)?.unwrap_or(default))
+    }
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool, ConfigError> {
+        match self.0.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(v) => v.as_bool().ok_or_else(|| invalid(key, "true or false", v)),
+        }
+    }
+}
+
+fn invalid(key: &str, expected: &str, found: &Value) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_string(),
+        expected: expected.to_string(),
+        found: found.to_string(),
+    }
+}

@@ -1,0 +1,168 @@
+//! Bad checkpoints and configs are typed errors naming the tensor or key, what was expected and
+//! what was found; never a panic. Features moek does not implement are refused by name.
+
+use moek_model::checkpoint::{Checkpoint, LoadError};
+use moek_model::config::{Config, ConfigError};
+use moek_model::weights;
+use std::path::{Path, PathBuf};
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-gemma4-moe-f32")
+}
+
+/// A scratch copy of the f32 fixture, with its config passed through `edit`.
+fn copy(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("moek-load-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        fixture().join("model.safetensors"),
+        dir.join("model.safetensors"),
+    )
+    .unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture().join("config.json")).unwrap())
+            .unwrap();
+    edit(&mut cfg);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+fn load_err(dir: &Path) -> String {
+    let cfg = match Config::load(dir) {
+        Ok(c) => c,
+        Err(e) => return e.to_string(),
+    };
+    let ck = match Checkpoint::open(dir) {
+        Ok(c) => c,
+        Err(e) => return e.to_string(),
+    };
+    weights::load::<f32>(&ck, &cfg, |_| {})
+        .map(|_| ())
+        .expect_err("this checkpoint must not load")
+        .to_string()
+}
+
+#[test]
+fn a_missing_tensor_is_named() {
+    let dir = copy("missing", |c| c["num_hidden_layers"] = 5.into());
+    // layer_types has 4 entries for 5 layers: the config itself is refused first.
+    let err = load_err(&dir);
+    assert!(err.contains("`layer_types`"), "{err}");
+    let dir = copy("missing2", |c| {
+        c["num_hidden_layers"] = 5.into();
+        c["layer_types"]
+            .as_array_mut()
+            .unwrap()
+            .push("sliding_attention".into());
+    });
+    let err = load_err(&dir);
+    assert!(
+        err.contains("tensor `model.layers.4.") && err.contains("is missing"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_wrong_shape_names_the_tensor_and_both_shapes() {
+    let dir = copy("shape", |c| c["vocab_size"] = 500.into());
+    let err = load_err(&dir);
+    assert!(
+        err.contains("tensor `model.embed_tokens.weight` has shape [512, 64]; expected [500, 64]"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_wrong_dtype_names_the_tensor() {
+    let dir = fixture();
+    let cfg = Config::load(&dir).unwrap();
+    let ck = Checkpoint::open(&dir).unwrap();
+    let err = weights::load::<half::bf16>(&ck, &cfg, |_| {})
+        .map(|_| ())
+        .unwrap_err();
+    assert!(matches!(err, LoadError::DType { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("tensor `model.embed_tokens.weight` is F32; expected BF16"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_truncated_file_is_a_format_error_naming_it() {
+    let dir = copy("truncated", |_| {});
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    let err = load_err(&dir);
+    assert!(
+        err.contains("model.safetensors` is not a valid safetensors file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_bad_config_names_the_key() {
+    let dir = copy("badkey", |c| c["hidden_size"] = "wide".into());
+    let err = load_err(&dir);
+    assert!(
+        err.contains("config key `hidden_size` is \"wide\"; expected a non-negative integer"),
+        "{err}"
+    );
+    let dir = copy("nokey", |c| {
+        c.as_object_mut().unwrap().remove("vocab_size");
+    });
+    assert!(load_err(&dir).contains("config key `vocab_size` is missing"));
+    let dir = copy("type", |c| c["model_type"] = "llama".into());
+    assert!(load_err(&dir).contains("config key `model_type` is `llama`"));
+}
+
+#[test]
+fn unimplemented_features_are_refused_by_name() {
+    let cases: [(&str, serde_json::Value, &str); 4] = [
+        (
+            "hidden_size_per_layer_input",
+            256.into(),
+            "per-layer input embeddings",
+        ),
+        ("num_kv_shared_layers", 2.into(), "KV-shared layers"),
+        ("use_double_wide_mlp", true.into(), "the double-wide MLP"),
+        (
+            "use_bidirectional_attention",
+            "all".into(),
+            "bidirectional attention",
+        ),
+    ];
+    for (key, value, feature) in cases {
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(fixture().join("config.json")).unwrap())
+                .unwrap();
+        v[key] = value;
+        let err = Config::from_json(&v).unwrap_err();
+        assert!(matches!(err, ConfigError::Unsupported { .. }));
+        let msg = err.to_string();
+        assert!(msg.contains(feature) && msg.contains(key), "{msg}");
+    }
+    // Absent means transformers' default of 256: per-layer inputs on, refused.
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture().join("config.json")).unwrap())
+            .unwrap();
+    v.as_object_mut()
+        .unwrap()
+        .remove("hidden_size_per_layer_input");
+    assert!(Config::from_json(&v).is_err());
+}
+
+#[test]
+fn both_config_layouts_give_the_same_full_layers() {
+    let saved = Config::load(&fixture()).unwrap();
+    let hub = Config::load(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-gemma4-moe-bf16"),
+    )
+    .unwrap();
+    assert_eq!(saved.layers, hub.layers);
+    let full = &saved.layers[1];
+    assert_eq!((full.head_dim, full.kv_heads, full.k_eq_v), (64, 1, true));
+    assert_eq!(full.rope.pairs, 8, "proportional RoPE: 0.25 x 64 / 2 pairs");
+    assert_eq!(saved.layers[0].head_dim, 32);
+}

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Makes the Gemma-4 oracle fixtures under tests/fixtures/: tiny random Gemma-4 MoE checkpoints
+(one f32 in the `gemma4_text` layout, one bf16 in the multimodal `gemma4` layout with hub-style
+`global_head_dim` keys and `model.language_model.` names) and what Hugging Face transformers
+computes for them: logits of every row and greedy tokens with each step's top-2 margin.
+
+    pip install torch transformers safetensors
+    python3 scripts/make_fixtures.py
+
+Both attention kinds, a prompt longer than the sliding window, MoE on, and norm weights, router
+scales and layer scalars drawn away from their initial 1 (so mistakes in them show).
+"""
+import json
+import os
+import shutil
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+OUT = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures")
+LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+PROMPT_LEN = 20  # longer than the sliding window (8)
+NEW_TOKENS = 8
+
+
+def config():
+    return Gemma4TextConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=48, num_hidden_layers=len(LAYER_TYPES),
+        layer_types=LAYER_TYPES, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        global_head_dim=64, num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=8,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                               "rope_theta": 1000000.0},
+        },
+        enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32,
+        hidden_size_per_layer_input=0, num_kv_shared_layers=0, use_double_wide_mlp=False,
+        final_logit_softcapping=30.0, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
+        tie_word_embeddings=True, max_position_embeddings=1024, initializer_range=0.05,
+        pad_token_id=0, bos_token_id=2, eos_token_id=1,
+    )
+
+
+def build(seed):
+    torch.manual_seed(seed)
+    cfg = config()
+    cfg._attn_implementation = "eager"
+    model = Gemma4ForCausalLM(cfg).to(torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("router.scale") or name.endswith(
+                    "per_expert_scale"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+        for layer in model.model.layers:
+            layer.layer_scalar.fill_(0.5 + torch.rand(()).item())
+            # A decisive router: with near-ties a 16-bit rounding flips a route and moves a row
+            # by O(1), which says nothing about the implementation.
+            layer.router.proj.weight.mul_(12.0)
+        # Embedding (and tied head) wide enough that greedy choices have margins to test.
+        model.model.embed_tokens.weight.normal_(0.0, 0.08)
+    for setter, value in (("set_attn_implementation", "eager"), ("set_experts_implementation", "eager")):
+        if hasattr(model, setter):
+            try:
+                getattr(model, setter)(value)
+            except Exception:  # noqa: BLE001 - older/newer transformers differ here
+                pass
+    return model
+
+
+def reference(model, ids):
+    with torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False).logits[0].float()
+        gen = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, output_scores=True,
+                             return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
+    tokens = gen.sequences[0, ids.shape[1]:].tolist()
+    margins = []
+    for s in gen.scores:
+        top = torch.topk(s[0].float(), 2).values
+        margins.append(float(top[0] - top[1]))
+    return logits, tokens, margins
+
+
+def write(name, model, dtype, multimodal):
+    path = os.path.join(OUT, name)
+    shutil.rmtree(path, ignore_errors=True)
+    model = model.to(dtype)
+    ids = torch.randint(3, model.config.vocab_size, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(7))
+    logits, tokens, margins = reference(model, ids)
+    # The same stored weights computed in f32: separates what the implementation does from how
+    # transformers rounds activations to bf16 at every step.
+    with torch.no_grad():
+        logits_f32 = model.float()(input_ids=ids, use_cache=False).logits[0].float()
+    model = model.to(dtype)
+    model.save_pretrained(path, safe_serialization=True)
+    for extra in ("generation_config.json",):
+        p = os.path.join(path, extra)
+        if os.path.exists(p):
+            os.remove(p)
+    if multimodal:
+        # The multimodal layout: `gemma4` config with text_config (hub-style global_* keys) and
+        # `model.language_model.` tensor names.
+        st = os.path.join(path, "model.safetensors")
+        tensors = {k.replace("model.", "model.language_model.", 1): v for k, v in load_file(st).items()}
+        save_file(tensors, st, metadata={"format": "pt"})
+        text = json.load(open(os.path.join(path, "config.json")))
+        text.pop("per_layer_config", None)
+        text["head_dim"] = 32
+        text["num_key_value_heads"] = 2
+        text["global_head_dim"] = 64
+        text["num_global_key_value_heads"] = 1
+        text["model_type"] = "gemma4_text"
+        json.dump({"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"],
+                   "text_config": text, "tie_word_embeddings": True},
+                  open(os.path.join(path, "config.json"), "w"), indent=1)
+    json.dump({
+        "tokens": ids[0].tolist(),
+        "logits": logits.tolist(),
+        "logits_f32_compute": logits_f32.tolist(),
+        "greedy": tokens,
+        "margins": margins,
+        "dtype": str(dtype).replace("torch.", ""),
+        "transformers": __import__("transformers").__version__,
+        "torch": torch.__version__,
+    }, open(os.path.join(path, "expected.json"), "w"))
+    print(name, "greedy", tokens, "min margin", min(margins))
+
+
+if __name__ == "__main__":
+    os.makedirs(OUT, exist_ok=True)
+    write("tiny-gemma4-moe-f32", build(1), torch.float32, multimodal=False)
+    write("tiny-gemma4-moe-bf16", build(2), torch.bfloat16, multimodal=True)
