@@ -58,6 +58,8 @@ pub struct Trace {
     pub what: &'static str,
     pub tokens: usize,
     pub choice: Choice,
+    /// Wall time of the kernel call.
+    pub seconds: f64,
 }
 
 /// A model ready to run: config, weights and where its kernels run.
@@ -184,6 +186,7 @@ impl<W: Float> Model<'_, W> {
         requested: Option<&str>,
         trace: &mut Vec<Trace>,
     ) -> Result<(), ModelError> {
+        let start = std::time::Instant::now();
         let (choice, _) = dispatch::run(specs::all(), &self.backend, shape, inputs, out, requested)
             .map_err(|source| ModelError::Kernel {
                 layer,
@@ -195,6 +198,7 @@ impl<W: Float> Model<'_, W> {
             what,
             tokens: shape.t,
             choice,
+            seconds: start.elapsed().as_secs_f64(),
         });
         Ok(())
     }
@@ -232,21 +236,9 @@ impl<W: Float> Model<'_, W> {
             down: &lw.down,
         };
         self.run(i, "dense_mlp", &shape, &inputs, &mut d, None, trace)?;
-        if let (Some(mw), Some(moe)) = (&lw.moe, cfg.moe) {
+        if let Some(mw) = &lw.moe {
             let d1 = normed(&d, hd, &mw.post_norm_1, eps);
-            let (idx, weights) = self.route(&h, mw, moe);
-            let xe = to_w::<W>(&normed(&h, hd, &mw.pre_norm_2, eps));
-            let mut m = vec![0f32; s * hd];
-            let inputs = Inputs::ExpertFfn {
-                x: &xe,
-                idx: &idx,
-                weights: &weights,
-                gate_up: &mw.gate_up,
-                down: &mw.down,
-            };
-            let shape = self.moe_shape(s, moe);
-            let forced = self.variant.as_deref();
-            self.run(i, "moe", &shape, &inputs, &mut m, forced, trace)?;
+            let m = self.moe_block(i, &h, trace)?;
             let m = normed(&m, hd, &mw.post_norm_2, eps);
             d = d1.iter().zip(&m).map(|(a, b)| a + b).collect();
         }
@@ -255,6 +247,35 @@ impl<W: Float> Model<'_, W> {
             .zip(&d)
             .map(|(a, b)| (a + b) * lw.layer_scalar)
             .collect())
+    }
+
+    /// Layer `i`'s MoE block on the residual `h` (`[S, H]`): the router, then the experts of
+    /// `pre_feedforward_layernorm_2(h)` through dispatch (the forced variant, if any).
+    pub fn moe_block(
+        &self,
+        i: usize,
+        h: &[f32],
+        trace: &mut Vec<Trace>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let (hd, eps) = (self.cfg.hidden, self.cfg.eps);
+        let (Some(mw), Some(moe)) = (&self.weights.layers[i].moe, self.cfg.moe) else {
+            return Ok(vec![0.0; h.len()]);
+        };
+        let s = h.len() / hd;
+        let (idx, weights) = self.route(h, mw, moe);
+        let xe = to_w::<W>(&normed(h, hd, &mw.pre_norm_2, eps));
+        let mut m = vec![0f32; s * hd];
+        let inputs = Inputs::ExpertFfn {
+            x: &xe,
+            idx: &idx,
+            weights: &weights,
+            gate_up: &mw.gate_up,
+            down: &mw.down,
+        };
+        let shape = self.moe_shape(s, moe);
+        let forced = self.variant.as_deref();
+        self.run(i, "moe", &shape, &inputs, &mut m, forced, trace)?;
+        Ok(m)
     }
 
     /// The router: `rms(h) * scale * H^-0.5 -> proj -> softmax (f32) -> top-k -> renormalise ->

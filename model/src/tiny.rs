@@ -49,7 +49,8 @@ pub fn config() -> Config {
     }
 }
 
-/// The tiny model's weights in `W`, drawn from fixed seeds.
+/// Weights for any `cfg` in `W`, drawn from fixed seeds (the tiny model's, and the real-geometry
+/// layers `moek bench --geometry 26b-a4b` builds in memory).
 pub fn weights<W: Elem>(cfg: &Config) -> Weights<'static, W> {
     let (h, v, f) = (cfg.hidden, cfg.vocab, cfg.intermediate);
     let mut seed = 1000u64;
@@ -108,5 +109,55 @@ pub fn weights<W: Elem>(cfg: &Config) -> Weights<'static, W> {
         lm_head: None,
         final_norm,
         layers,
+    }
+}
+
+/// The 26B-A4B geometry with `layers` layers alternating sliding and full (sliding first).
+pub fn gemma4_26b(layers: usize) -> Config {
+    let sliding = Layer {
+        attention: Attention::Sliding,
+        head_dim: 256,
+        kv_heads: 8,
+        k_eq_v: false,
+        rope: Rope {
+            theta: 1e4,
+            pairs: 128,
+            factor: 1.0,
+        },
+    };
+    let full = Layer {
+        attention: Attention::Full,
+        head_dim: 512,
+        kv_heads: 2,
+        k_eq_v: true,
+        rope: Rope {
+            theta: 1e6,
+            pairs: 64,
+            factor: 1.0,
+        },
+    };
+    Config {
+        vocab: 262_144,
+        hidden: 2816,
+        intermediate: 2112,
+        heads: 16,
+        eps: 1e-6,
+        window: 1024,
+        softcap: Some(30.0),
+        layers: (0..layers)
+            .map(|i| {
+                if i % 2 == 0 {
+                    sliding.clone()
+                } else {
+                    full.clone()
+                }
+            })
+            .collect(),
+        moe: Some(Moe {
+            experts: 128,
+            top_k: 8,
+            intermediate: 704,
+        }),
+        eos: vec![1],
     }
 }

@@ -321,3 +321,36 @@ fn model_errors_are_clear() {
         "{err}"
     );
 }
+
+#[test]
+fn the_model_bench_prints_the_fields_scripts_check() {
+    let (ok, out, err) = moek(&[
+        "bench",
+        "--geometry",
+        "26b-a4b",
+        "--layers",
+        "1",
+        "--iters",
+        "3",
+        "--format",
+        "json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+    for key in [
+        "decode_tokens_per_s",
+        "prefill_tokens_per_s",
+        "moe_decode_ms_per_layer",
+        "moe_prefill_ms_per_token_layer",
+        "bytes_per_decode_step",
+        "read_bandwidth_gbs",
+        "peak_rss_bytes",
+        "weights_bytes",
+    ] {
+        let x = v[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("`{key}` in {out}"));
+        assert!(x.is_finite() && x > 0.0, "{key} = {x}");
+    }
+    assert_eq!(v["prompt_tokens"], 512);
+}

@@ -30,6 +30,18 @@ pub struct BenchArgs {
     /// Where the kernels run: the CPU (against this machine's floors) or the wgpu adapter present.
     #[arg(long, value_enum, default_value_t = BenchBackend::Cpu)]
     pub backend: BenchBackend,
+    /// Bench the whole model at this geometry (random weights in memory) instead of the kernels.
+    #[arg(long, value_enum)]
+    pub geometry: Option<Geometry>,
+    /// Layers of the model bench (alternating sliding and full).
+    #[arg(long, default_value_t = 2)]
+    pub layers: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Geometry {
+    #[value(name = "26b-a4b")]
+    Gemma4_26bA4b,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -67,6 +79,10 @@ pub const DECODE_FLOOR: f64 = 0.80;
 pub const PREFILL_FLOOR: f64 = 0.60;
 
 pub fn run(args: &BenchArgs) -> Result<ExitCode, CommandError> {
+    if args.geometry.is_some() {
+        // The model's kernels run on the chosen backend; attention and norms on the CPU.
+        return super::bench_model::run(args, args.layers.max(1));
+    }
     if args.backend == BenchBackend::Wgpu {
         #[cfg(feature = "wgpu")]
         return gpu::run(args);

@@ -1,6 +1,7 @@
 //! One module per `moek` subcommand.
 
 pub mod bench;
+pub mod bench_model;
 pub mod check;
 pub mod emit;
 pub mod list;

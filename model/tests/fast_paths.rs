@@ -1,0 +1,133 @@
+//! The seeds' optimised variants inside the model: one MoE layer at the real 26B-A4B size (128
+//! experts, top-8, H 2816, F 704, bf16, random weights), its output through the variants
+//! dispatch picks on the CPU (blocked decode; grouped prefill) against the same layer forced onto
+//! the general gather variant. Each is within the bf16 tolerance of the f64 reference, so they may
+//! differ by twice it.
+
+use moek_kernels::dispatch::Backend;
+use moek_kernels::testing::uniform;
+use moek_model::config::{Attention, Config, Layer, Moe, Rope};
+use moek_model::forward::Model;
+use moek_model::weights::{LayerWeights, MoeWeights, Weights};
+use std::borrow::Cow;
+
+/// A one-layer model at the 26B-A4B MoE geometry whose expert banks borrow `mw`'s (only the MoE
+/// block runs, so attention and dense weights are left empty).
+fn model<'w>(
+    variant: Option<&str>,
+    mw: &'w MoeWeights<'static, half::bf16>,
+) -> Model<'w, half::bf16> {
+    let (h, e, f) = (2816, 128, 704);
+    let layer = Layer {
+        attention: Attention::Sliding,
+        head_dim: 256,
+        kv_heads: 8,
+        k_eq_v: false,
+        rope: Rope {
+            theta: 1e4,
+            pairs: 128,
+            factor: 1.0,
+        },
+    };
+    let cfg = Config {
+        vocab: 0,
+        hidden: h,
+        intermediate: 2112,
+        heads: 16,
+        eps: 1e-6,
+        window: 1024,
+        softcap: Some(30.0),
+        layers: vec![layer],
+        moe: Some(Moe {
+            experts: e,
+            top_k: 8,
+            intermediate: f,
+        }),
+        eos: vec![],
+    };
+    let none = || Cow::Owned(vec![]);
+    let weights = Weights {
+        embed: none(),
+        lm_head: None,
+        final_norm: vec![],
+        layers: vec![LayerWeights {
+            input_norm: vec![],
+            post_attn_norm: vec![],
+            pre_ffn_norm: vec![],
+            post_ffn_norm: vec![],
+            q: none(),
+            k: none(),
+            v: None,
+            o: none(),
+            q_norm: vec![],
+            k_norm: vec![],
+            gate: none(),
+            up: none(),
+            down: none(),
+            moe: Some(MoeWeights {
+                pre_norm_2: mw.pre_norm_2.clone(),
+                post_norm_1: mw.post_norm_1.clone(),
+                post_norm_2: mw.post_norm_2.clone(),
+                router: Cow::Borrowed(&mw.router),
+                router_scale: mw.router_scale.clone(),
+                per_expert_scale: mw.per_expert_scale.clone(),
+                gate_up: Cow::Borrowed(&mw.gate_up),
+                down: Cow::Borrowed(&mw.down),
+            }),
+            layer_scalar: 1.0,
+        }],
+    };
+    Model {
+        cfg,
+        weights,
+        backend: Backend::cpu(),
+        variant: variant.map(str::to_string),
+    }
+}
+
+fn moe_weights() -> MoeWeights<'static, half::bf16> {
+    let (h, e, f) = (2816, 128, 704);
+    let norm = |seed| -> Vec<f32> {
+        uniform::<f32>(h, seed, 0.2)
+            .iter()
+            .map(|x| 1.0 + x)
+            .collect()
+    };
+    MoeWeights {
+        pre_norm_2: norm(1),
+        post_norm_1: norm(2),
+        post_norm_2: norm(3),
+        router: Cow::Owned(uniform(e * h, 4, 0.5)),
+        router_scale: norm(5),
+        per_expert_scale: uniform::<f32>(e, 6, 0.2).iter().map(|x| 1.0 + x).collect(),
+        gate_up: Cow::Owned(uniform(e * 2 * f * h, 7, 1.0 / (h as f32).sqrt())),
+        down: Cow::Owned(uniform(e * h * f, 8, 1.0 / (f as f32).sqrt())),
+    }
+}
+
+#[test]
+fn the_seed_variants_match_the_general_variant_in_the_model() {
+    let mw = moe_weights();
+    let fast = model(None, &mw);
+    let general = model(Some("general_expert_ffn_gather"), &mw);
+    let tol = moek_dsl::tolerance::tolerance(moek_kernels::ir::DType::Bf16);
+    for (tokens, expected) in [
+        (1, "decode_expert_ffn_blocked"),
+        (64, "prefill_expert_ffn_grouped"),
+    ] {
+        let h: Vec<f32> = uniform(tokens * 2816, 10 + tokens as u64, 1.0);
+        let mut trace = vec![];
+        let a = fast.moe_block(0, &h, &mut trace).unwrap();
+        assert_eq!(trace[0].choice.kernel, expected, "{}", trace[0].choice);
+        let mut trace = vec![];
+        let b = general.moe_block(0, &h, &mut trace).unwrap();
+        assert_eq!(trace[0].choice.kernel, "general_expert_ffn_gather");
+        let want: Vec<f64> = b.iter().map(|&v| f64::from(v)).collect();
+        let dev = moek_dsl::tolerance::Deviation::measure(&a, &want);
+        assert!(
+            dev.rel_l2 <= 2.0 * tol.rel_l2 && dev.max_abs <= 2.0 * tol.max_abs,
+            "{tokens} tokens: {dev}"
+        );
+        assert!(a.iter().all(|v| v.is_finite()));
+    }
+}
