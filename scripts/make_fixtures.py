@@ -81,6 +81,29 @@ def reference(model, ids):
     return logits, tokens, margins
 
 
+PROMPT_TEXT = "the expert reads the route and the token goes down the layer"
+
+
+def tokenizer(path):
+    """A small byte-level BPE (vocabulary under the model's 512) saved as tokenizer.json, the
+    format `moek generate --prompt` reads. Ids: <pad> 0, <eos> 1, <bos> 2, <unk> 3."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    g = torch.Generator().manual_seed(3)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = ["".join(letters[i] for i in torch.randint(0, 26, (int(n),), generator=g))
+             for n in torch.randint(2, 9, (3000,), generator=g)]
+    corpus = [PROMPT_TEXT] * 20 + [" ".join(words[i:i + 12]) for i in range(0, len(words), 12)]
+    # Exactly the model's vocabulary, so every id the model emits decodes.
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus, trainer)
+    tok.save(os.path.join(path, "tokenizer.json"))
+    return tok
+
+
 def write(name, model, dtype, multimodal):
     path = os.path.join(OUT, name)
     shutil.rmtree(path, ignore_errors=True)
@@ -113,7 +136,15 @@ def write(name, model, dtype, multimodal):
         json.dump({"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"],
                    "text_config": text, "tie_word_embeddings": True},
                   open(os.path.join(path, "config.json"), "w"), indent=1)
+    prompt = {}
+    if not multimodal:
+        tok = tokenizer(path)
+        pids = torch.tensor([tok.encode(PROMPT_TEXT).ids])
+        _, ptokens, pmargins = reference(model.to(dtype), pids)
+        prompt = {"prompt": PROMPT_TEXT, "prompt_ids": pids[0].tolist(), "prompt_greedy": ptokens,
+                  "prompt_margins": pmargins, "prompt_greedy_text": tok.decode(ptokens)}
     json.dump({
+        **prompt,
         "tokens": ids[0].tolist(),
         "logits": logits.tolist(),
         "logits_f32_compute": logits_f32.tolist(),

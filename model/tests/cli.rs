@@ -354,3 +354,54 @@ fn the_model_bench_prints_the_fields_scripts_check() {
     }
     assert_eq!(v["prompt_tokens"], 512);
 }
+
+#[test]
+fn generate_encodes_a_prompt_with_the_checkpoints_tokenizer() {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{F32}/expected.json")).unwrap())
+            .unwrap();
+    let prompt = v["prompt"].as_str().unwrap();
+    let (ok, out, err) = moek(&[
+        "generate",
+        "--model",
+        F32,
+        "--prompt",
+        prompt,
+        "--max-new-tokens",
+        "8",
+        "--greedy",
+        "--format",
+        "json",
+    ]);
+    assert!(ok, "{err}");
+    let got: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let margins: Vec<f64> = v["prompt_margins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_f64().unwrap())
+        .collect();
+    let sure = margins.iter().take_while(|&&m| m > 0.05).count();
+    let want = &v["prompt_greedy"].as_array().unwrap()[..sure];
+    assert_eq!(&got["tokens"].as_array().unwrap()[..sure], want, "{out}");
+    if sure == margins.len() {
+        assert_eq!(got["text"], v["prompt_greedy_text"], "{out}");
+    }
+    let (ok, _, err) = moek(&[
+        "generate",
+        "--model",
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/tiny-gemma4-moe-bf16"
+        ),
+        "--prompt",
+        "hello",
+        "--max-new-tokens",
+        "1",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("tokenizer.json`, which does not exist"),
+        "{err}"
+    );
+}

@@ -37,7 +37,7 @@ pub struct ModelArgs {
     #[arg(long)]
     pub model: PathBuf,
     /// Comma-separated token ids.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
     pub tokens: Vec<u32>,
     /// Where the generated kernels (MoE, dense MLP, LM head) run.
     #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
@@ -95,18 +95,49 @@ pub fn logits(args: &LogitsArgs) -> Result<ExitCode, CommandError> {
 }
 
 pub fn generate_cmd(args: &GenerateArgs) -> Result<ExitCode, CommandError> {
-    if args.prompt.is_some() {
-        return Err(CommandError::Usage(
-            "--prompt needs tokenizer support, which this build does not have yet; pass --tokens"
-                .into(),
-        ));
+    let tokenizer = tokenizer(&args.common.model, args.prompt.is_some())?;
+    let mut args = args.clone();
+    match (&args.prompt, args.common.tokens.is_empty()) {
+        (Some(_), false) => {
+            return Err(CommandError::Usage(
+                "give --tokens or --prompt, not both".into(),
+            ));
+        }
+        (Some(text), true) => {
+            let tok = tokenizer.as_ref().expect("required above");
+            let enc = tok.encode(text.as_str(), true).map_err(|e| {
+                CommandError::Usage(format!("tokenizer.json cannot encode the prompt: {e}"))
+            })?;
+            args.common.tokens = enc.get_ids().to_vec();
+        }
+        (None, _) => {}
     }
-    with_model(&args.common, GenerateJob(args))
+    with_model(&args.common, GenerateJob(&args, tokenizer.as_ref()))
+}
+
+/// `DIR/tokenizer.json` through the `tokenizers` crate, when present (an error when `required`).
+fn tokenizer(dir: &Path, required: bool) -> Result<Option<tokenizers::Tokenizer>, CommandError> {
+    let path = dir.join("tokenizer.json");
+    if !path.exists() {
+        return if required {
+            Err(CommandError::Usage(format!(
+                "--prompt needs `{}`, which does not exist; pass --tokens",
+                path.display()
+            )))
+        } else {
+            Ok(None)
+        };
+    }
+    tokenizers::Tokenizer::from_file(&path)
+        .map(Some)
+        .map_err(|e| CommandError::Usage(format!("cannot read `{}`: {e}", path.display())))
 }
 
 fn with_model(args: &ModelArgs, job: impl Job) -> Result<ExitCode, CommandError> {
     if args.tokens.is_empty() {
-        return Err(CommandError::Usage("--tokens is empty".into()));
+        return Err(CommandError::Usage(
+            "no tokens: give --tokens (or --prompt)".into(),
+        ));
     }
     let cfg = Config::load(&args.model).map_err(crate::checkpoint::LoadError::from)?;
     let ck = Checkpoint::open(&args.model)?;
@@ -183,7 +214,7 @@ impl Job for LogitsJob<'_> {
     }
 }
 
-struct GenerateJob<'a>(&'a GenerateArgs);
+struct GenerateJob<'a>(&'a GenerateArgs, Option<&'a tokenizers::Tokenizer>);
 
 impl Job for GenerateJob<'_> {
     fn run<W: Float>(self, model: &Model<'_, W>) -> Result<ExitCode, CommandError> {
@@ -209,15 +240,19 @@ impl Job for GenerateJob<'_> {
         if a.common.explain {
             explain(&trace);
         }
+        let text = self.1.and_then(|t| t.decode(&out, true).ok());
         match a.common.format {
-            super::bench::Format::Json => println!("{}", serde_json::json!({ "tokens": out })),
-            super::bench::Format::Text => println!(
-                "{}",
-                out.iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
+            super::bench::Format::Json => match &text {
+                Some(text) => println!("{}", serde_json::json!({ "tokens": out, "text": text })),
+                None => println!("{}", serde_json::json!({ "tokens": out })),
+            },
+            super::bench::Format::Text => {
+                let ids: Vec<String> = out.iter().map(ToString::to_string).collect();
+                println!("{}", ids.join(","));
+                if let Some(text) = text {
+                    println!("{text}");
+                }
+            }
         }
         Ok(ExitCode::SUCCESS)
     }
