@@ -52,11 +52,25 @@ impl Gpu {
 
     /// A new device on the preferred adapter (see [`choose`]).
     pub fn new() -> Result<Gpu, GpuError> {
-        let instance =
-            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
         let name = std::env::var("WGPU_ADAPTER_NAME").ok();
-        let adapter = choose(adapters, name.as_deref()).ok_or_else(|| GpuError::NoAdapter {
+        // WGPU_BACKEND decides when set; otherwise the primary backends (Vulkan, Metal, DX12)
+        // first, and GL only when they offer no adapter (GL probing is slow and noisy).
+        let tiers = match wgpu::Backends::from_env() {
+            Some(b) => vec![b],
+            None => vec![wgpu::Backends::PRIMARY, wgpu::Backends::SECONDARY],
+        };
+        let mut adapter = None;
+        for backends in tiers {
+            let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+            desc.backends = backends;
+            let instance = wgpu::Instance::new(desc);
+            let adapters = pollster::block_on(instance.enumerate_adapters(backends));
+            adapter = choose(adapters, name.as_deref());
+            if adapter.is_some() {
+                break;
+            }
+        }
+        let adapter = adapter.ok_or_else(|| GpuError::NoAdapter {
             filter: name.map_or(String::new(), |n| format!(" named like `{n}`")),
         })?;
         let info = adapter.get_info();
