@@ -1,12 +1,14 @@
 //! The Gemma-4 forward pass. Attention, norms and the router run on the CPU; the dense MLP, the
 //! routed experts and the LM head run as generated kernels through `moek_kernels::dispatch` on the
-//! chosen backend, and every choice is recorded (`--explain` prints them).
+//! chosen backend, and every choice is recorded (`--explain` prints them). An op with no variant
+//! for that backend at the model's sizes runs on the CPU, and the record says so and why.
 
 use crate::config::{Attention, Config};
 use crate::ops::Float;
 use crate::ops::{self, linear, normed, rms_norm, to_w};
 use crate::weights::{LayerWeights, Weights};
 use moek_kernels::dispatch::{self, Backend, Choice, DispatchError};
+use moek_kernels::ir::Target;
 use moek_kernels::{Elem, Inputs, Shape, specs};
 use thiserror::Error;
 
@@ -60,6 +62,8 @@ pub struct Trace {
     pub choice: Choice,
     /// Wall time of the kernel call.
     pub seconds: f64,
+    /// Why the model's backend could not run it, when it ran on the CPU instead.
+    pub fallback: Option<String>,
 }
 
 /// A model ready to run: config, weights and where its kernels run.
@@ -187,18 +191,34 @@ impl<W: Float> Model<'_, W> {
         trace: &mut Vec<Trace>,
     ) -> Result<(), ModelError> {
         let start = std::time::Instant::now();
-        let (choice, _) = dispatch::run(specs::all(), &self.backend, shape, inputs, out, requested)
-            .map_err(|source| ModelError::Kernel {
-                layer,
-                what,
-                source,
-            })?;
+        let err = |source| ModelError::Kernel {
+            layer,
+            what,
+            source,
+        };
+        let (choice, fallback) =
+            match dispatch::run(specs::all(), &self.backend, shape, inputs, out, requested) {
+                Ok((choice, _)) => (choice, None),
+                // No variant of this op serves the backend: the CPU runs it, and the record says
+                // why. (A refused dispatch wrote nothing, so the retry starts clean.) A requested
+                // variant never falls back.
+                Err(e @ DispatchError::NoneEligible { .. })
+                    if requested.is_none() && self.backend.target != Target::Cpu =>
+                {
+                    let (choice, _) =
+                        dispatch::run(specs::all(), &Backend::cpu(), shape, inputs, out, None)
+                            .map_err(err)?;
+                    (choice, Some(e.to_string()))
+                }
+                Err(e) => return Err(err(e)),
+            };
         trace.push(Trace {
             layer,
             what,
             tokens: shape.t,
             choice,
             seconds: start.elapsed().as_secs_f64(),
+            fallback,
         });
         Ok(())
     }

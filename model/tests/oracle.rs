@@ -121,12 +121,9 @@ fn check<W: Float>(dir: &std::path::Path, e: &Expected, backend: Backend, tol: f
             backend.target
         );
     }
-    // The MoE ran through kernel dispatch on this backend.
-    assert!(
-        trace
-            .iter()
-            .any(|t| t.what == "moe" && t.choice.target == backend.target)
-    );
+    // The MoE ran through kernel dispatch on this backend, or fell back visibly.
+    assert!(trace.iter().any(|t| t.what == "moe"
+        && (t.choice.target == backend.target || t.fallback.is_some())));
 }
 
 #[test]
@@ -154,23 +151,26 @@ fn bf16_multimodal_checkpoint_matches_transformers_on_wgpu() {
 }
 
 #[test]
-fn spyre_has_no_variant_for_the_tiny_sizes_and_says_so() {
+fn on_spyre_the_tiny_sizes_fall_back_to_the_cpu_visibly_and_still_match() {
+    // Spyre programs are fixed at the 26B-A4B sizes: nothing serves the tiny model there, so every
+    // kernel call runs on the CPU and says why.
     let (dir, e) = fixture("tiny-gemma4-moe-bf16");
+    check::<half::bf16>(&dir, &e, Backend::spyre(), 6e-2);
     let cfg = Config::load(&dir).unwrap();
     let ck = Checkpoint::open(&dir).unwrap();
-    let weights = weights::load::<half::bf16>(&ck, &cfg, |_| {}).unwrap();
     let model = Model {
+        weights: weights::load::<half::bf16>(&ck, &cfg, |_| {}).unwrap(),
         cfg,
-        weights,
         backend: Backend::spyre(),
         variant: None,
     };
-    let err = model
-        .forward(&e.tokens, &mut Cache::default(), Head::Last, &mut vec![])
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("no variant of `dense_mlp` is eligible on spyre"),
-        "{err}"
-    );
+    let mut trace = vec![];
+    model
+        .forward(&e.tokens, &mut Cache::default(), Head::Last, &mut trace)
+        .unwrap();
+    for t in &trace {
+        let why = t.fallback.as_deref().expect("every call fell back");
+        assert!(why.contains("is eligible on spyre"), "{why}");
+        assert_eq!(t.choice.target, moek_kernels::ir::Target::Cpu);
+    }
 }

@@ -138,9 +138,20 @@ fn tiny_model(backends: &[Backend], adapter: bool) -> bool {
             variant: None,
         };
         let sampling = crate::generate::Sampling::greedy();
-        match crate::generate::generate(&model, &prompt, 8, Some(4), &sampling, &[], &mut vec![]) {
+        let mut trace = vec![];
+        match crate::generate::generate(&model, &prompt, 8, Some(4), &sampling, &[], &mut trace) {
             Ok(tokens) => {
-                println!("  {:<6} {tokens:?}", backend.target.to_string());
+                let fell = trace.iter().filter(|t| t.fallback.is_some()).count();
+                let note = if fell > 0 {
+                    format!(
+                        " ({fell} of {} kernel calls fell back to the CPU: no {} variant at these sizes)",
+                        trace.len(),
+                        backend.target
+                    )
+                } else {
+                    String::new()
+                };
+                println!("  {:<6} {tokens:?}{note}", backend.target.to_string());
                 runs.push((backend.target, tokens));
             }
             Err(e) => println!("  {:<6} not run: {e}", backend.target.to_string()),

@@ -188,6 +188,9 @@ pub fn explain(trace: &[Trace]) {
             format!("layer {}", t.layer)
         };
         eprintln!("{layer} {} ({} tokens): {}", t.what, t.tokens, t.choice);
+        if let Some(why) = &t.fallback {
+            eprintln!("  (fell back to the CPU: {why})");
+        }
     }
 }
 
