@@ -6,7 +6,7 @@
 //! error returned before anything is computed or written.
 
 use crate::elem::Elem;
-use crate::inputs::{InputError, Inputs, dim_size};
+use crate::inputs::{InputError, Inputs};
 use crate::registry::KernelEntry;
 use moek_dsl::ir::{Capability, DType, Kernel, Op, Target};
 use moek_dsl::reference::Shape;
@@ -196,7 +196,7 @@ pub fn eligible(
         return Err(Ineligible::DType { dtype, supported });
     }
     for d in &k.dims {
-        let got = dim_size(shape, d.name);
+        let got = shape.dim(d.name);
         if !d.admits(got) {
             return Err(match d.size {
                 Some(fixed) => Ineligible::Dim {

@@ -175,20 +175,7 @@ pub fn output_len(op: Op, s: &Shape) -> usize {
 pub fn describe(op: Op, s: &Shape) -> String {
     op.dims()
         .iter()
-        .map(|d| format!("{}={}", d, dim_size(s, *d)))
+        .map(|d| format!("{}={}", d, s.dim(*d)))
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// The size of one named dim in a shape.
-pub fn dim_size(s: &Shape, d: moek_dsl::ir::DimName) -> usize {
-    use moek_dsl::ir::DimName::*;
-    match d {
-        T => s.t,
-        R => s.r,
-        E => s.e,
-        H => s.h,
-        F => s.f,
-        V => s.v,
-    }
 }

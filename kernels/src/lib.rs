@@ -43,7 +43,7 @@ pub mod __private {
     pub use crate::testing;
     pub use half;
     pub use moek_dsl::ir;
-    pub use moek_dsl::reference::Shape;
+    pub use moek_dsl::reference::{Shape, argmax};
 
     /// Keeps its items when the `cpu` backend is compiled in, drops them otherwise.
     #[cfg(feature = "cpu")]

@@ -142,23 +142,12 @@ impl<'w> Session<'w> {
         let refs: Vec<&GpuTensor> = bound.iter().map(|t| &**t).collect();
         let result = self.gpu.run(&p, &refs, softcap)?;
         out.copy_from_slice(&result[..out.len()]);
-        Ok(matches!(inputs, Inputs::LmHeadRow { .. }).then(|| argmax(out)))
+        Ok(matches!(inputs, Inputs::LmHeadRow { .. }).then(|| moek_dsl::reference::argmax(out)))
     }
 }
 
 fn key_of(bytes: &[u8]) -> (usize, usize) {
     (bytes.as_ptr() as usize, bytes.len())
-}
-
-/// The first index of the largest value.
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// The op's tensors by the names the emitter binds, as bytes, and the softcap (0 if none).

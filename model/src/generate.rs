@@ -28,16 +28,7 @@ impl Sampling {
     }
 }
 
-/// The first index of the largest logit.
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in logits.iter().enumerate() {
-        if x > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
+pub use moek_dsl::reference::argmax;
 
 /// Picks a token from `logits`: greedy, or temperature, then top-k, then top-p (nucleus).
 pub fn pick(logits: &[f32], s: &Sampling, rng: &mut SmallRng) -> u32 {

@@ -76,7 +76,7 @@ impl<W: Clone> Weights<'_, W> {
 }
 
 /// `model.NAME` and `model.language_model.NAME` (text-only and multimodal checkpoints).
-fn names(suffix: &str) -> Vec<String> {
+pub fn names(suffix: &str) -> Vec<String> {
     vec![
         format!("model.{suffix}"),
         format!("model.language_model.{suffix}"),

@@ -3,8 +3,14 @@
 use std::process::Command;
 
 fn moek(args: &[&str]) -> (bool, String, String) {
+    moek_env(args, &[])
+}
+
+/// `moek` with extra environment variables.
+fn moek_env(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_moek"))
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .expect("moek runs");
     (
@@ -140,16 +146,7 @@ fn check_refuses_a_backend_it_cannot_run() {
 
 /// `moek` with an adapter filter nothing matches: as on a machine without a GPU driver.
 fn moek_without_adapter(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_moek"))
-        .args(args)
-        .env("WGPU_ADAPTER_NAME", "no-such-adapter")
-        .output()
-        .expect("moek runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
+    moek_env(args, &[("WGPU_ADAPTER_NAME", "no-such-adapter")])
 }
 
 #[test]

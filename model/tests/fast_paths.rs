@@ -6,8 +6,8 @@
 
 use moek_kernels::dispatch::Backend;
 use moek_kernels::testing::uniform;
-use moek_model::config::{Attention, Config, Layer, Moe, Rope};
 use moek_model::forward::Model;
+use moek_model::tiny;
 use moek_model::weights::{LayerWeights, MoeWeights, Weights};
 use std::borrow::Cow;
 
@@ -17,34 +17,7 @@ fn model<'w>(
     variant: Option<&str>,
     mw: &'w MoeWeights<'static, half::bf16>,
 ) -> Model<'w, half::bf16> {
-    let (h, e, f) = (2816, 128, 704);
-    let layer = Layer {
-        attention: Attention::Sliding,
-        head_dim: 256,
-        kv_heads: 8,
-        k_eq_v: false,
-        rope: Rope {
-            theta: 1e4,
-            pairs: 128,
-            factor: 1.0,
-        },
-    };
-    let cfg = Config {
-        vocab: 0,
-        hidden: h,
-        intermediate: 2112,
-        heads: 16,
-        eps: 1e-6,
-        window: 1024,
-        softcap: Some(30.0),
-        layers: vec![layer],
-        moe: Some(Moe {
-            experts: e,
-            top_k: 8,
-            intermediate: f,
-        }),
-        eos: vec![],
-    };
+    let cfg = tiny::gemma4_26b(1);
     let none = || Cow::Owned(vec![]);
     let weights = Weights {
         embed: none(),

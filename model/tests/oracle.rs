@@ -15,7 +15,7 @@
 use moek_kernels::dispatch::Backend;
 use moek_model::checkpoint::Checkpoint;
 use moek_model::config::Config;
-use moek_model::forward::{Cache, Head, Model};
+use moek_model::forward::{Cache, Head, Model, Trace};
 use moek_model::generate::{Sampling, generate};
 use moek_model::ops::Float;
 use moek_model::weights;
@@ -75,7 +75,9 @@ fn rel_l2(got: &[Vec<f32>], want: &[Vec<f32>]) -> f64 {
     (num / den).sqrt()
 }
 
-fn check<W: Float>(dir: &std::path::Path, e: &Expected, backend: Backend, tol: f64) {
+/// Runs the fixture on `backend` and checks logits and greedy tokens; returns the dispatch records
+/// of the full forward.
+fn check<W: Float>(dir: &std::path::Path, e: &Expected, backend: Backend, tol: f64) -> Vec<Trace> {
     let cfg = Config::load(dir).unwrap();
     let ck = Checkpoint::open(dir).unwrap();
     let weights = weights::load::<W>(&ck, &cfg, |_| {}).unwrap();
@@ -85,10 +87,11 @@ fn check<W: Float>(dir: &std::path::Path, e: &Expected, backend: Backend, tol: f
         backend: backend.clone(),
         variant: None,
     };
-    let mut trace = vec![];
+    let mut forward = vec![];
     let rows = model
-        .forward(&e.tokens, &mut Cache::default(), Head::All, &mut trace)
+        .forward(&e.tokens, &mut Cache::default(), Head::All, &mut forward)
         .unwrap();
+    let mut trace = vec![];
     assert_eq!(rows.len(), e.tokens.len());
     let dev = rel_l2(&rows, &e.logits);
     assert!(
@@ -122,8 +125,9 @@ fn check<W: Float>(dir: &std::path::Path, e: &Expected, backend: Backend, tol: f
         );
     }
     // The MoE ran through kernel dispatch on this backend, or fell back visibly.
-    assert!(trace.iter().any(|t| t.what == "moe"
+    assert!(forward.iter().any(|t| t.what == "moe"
         && (t.choice.target == backend.target || t.fallback.is_some())));
+    forward
 }
 
 #[test]
@@ -155,19 +159,7 @@ fn on_spyre_the_tiny_sizes_fall_back_to_the_cpu_visibly_and_still_match() {
     // Spyre programs are fixed at the 26B-A4B sizes: nothing serves the tiny model there, so every
     // kernel call runs on the CPU and says why.
     let (dir, e) = fixture("tiny-gemma4-moe-bf16");
-    check::<half::bf16>(&dir, &e, Backend::spyre(), 6e-2);
-    let cfg = Config::load(&dir).unwrap();
-    let ck = Checkpoint::open(&dir).unwrap();
-    let model = Model {
-        weights: weights::load::<half::bf16>(&ck, &cfg, |_| {}).unwrap(),
-        cfg,
-        backend: Backend::spyre(),
-        variant: None,
-    };
-    let mut trace = vec![];
-    model
-        .forward(&e.tokens, &mut Cache::default(), Head::Last, &mut trace)
-        .unwrap();
+    let trace = check::<half::bf16>(&dir, &e, Backend::spyre(), 6e-2);
     for t in &trace {
         let why = t.fallback.as_deref().expect("every call fell back");
         assert!(why.contains("is eligible on spyre"), "{why}");

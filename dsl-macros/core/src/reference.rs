@@ -53,6 +53,21 @@ pub struct Shape {
     pub v: usize,
 }
 
+impl Shape {
+    /// The size of one named dim.
+    pub fn dim(&self, d: crate::ir::DimName) -> usize {
+        use crate::ir::DimName::*;
+        match d {
+            T => self.t,
+            R => self.r,
+            E => self.e,
+            H => self.h,
+            F => self.f,
+            V => self.v,
+        }
+    }
+}
+
 /// `gelu_tanh(x . Wg[e]) * (x . Wu[e])` for one token; `gate_up` is `[E, 2F, H]`, gate rows first.
 pub fn expert_gate_up<W: Real>(s: &Shape, x: &[W], gate_up: &[W], e: usize) -> Vec<f64> {
     let bank = &gate_up[e * 2 * s.f * s.h..(e + 1) * 2 * s.f * s.h];
@@ -140,6 +155,17 @@ pub fn dense_mlp<W: Real>(
     (0..s.h)
         .map(|i| dot(&a, &down[i * s.f..(i + 1) * s.f]))
         .collect()
+}
+
+/// The LM head's token: the first index of the largest logit (NaN never wins).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
 }
 
 /// LM head logits of the final row, for the vocabulary rows `rows`: `softcap(h[T-1] . emb[v])`.

@@ -94,10 +94,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, CommandError> {
     }
     let f = measure(args.iters.max(3))?;
     match args.format {
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&f).expect("figures serialise")
-        ),
+        Format::Json => print_json(&f),
         Format::Text => {
             println!("isa {}, {} threads", f.isa, f.threads);
             println!(
@@ -223,6 +220,14 @@ fn sgemm_same_flops(threads: usize) -> f64 {
         start.elapsed().as_secs_f64()
     };
     run(2816, 1408) + run(704, 2816)
+}
+
+/// Figures as one pretty JSON object on stdout (what `--format json` scripts read).
+pub(crate) fn print_json(figures: &impl serde::Serialize) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(figures).expect("figures serialise")
+    );
 }
 
 pub(crate) fn median(samples: impl Iterator<Item = f64>) -> f64 {

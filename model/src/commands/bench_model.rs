@@ -3,7 +3,7 @@
 //! the MoE block's share, bytes read per decode step against the read bandwidth measured in the
 //! same run, and peak memory against the weights' bytes.
 
-use super::bench::{BenchArgs, Format, median};
+use super::bench::{BenchArgs, Format, median, print_json};
 use super::run::BackendArg;
 use crate::commands::CommandError;
 use crate::forward::{Cache, Head, Model, Trace};
@@ -34,10 +34,7 @@ pub struct ModelFigures {
 pub fn run(args: &BenchArgs, layers: usize) -> Result<ExitCode, CommandError> {
     let f = measure(args, layers)?;
     match args.format {
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&f).expect("figures serialise")
-        ),
+        Format::Json => print_json(&f),
         Format::Text => {
             println!(
                 "{} x {} layers on {} ({} threads), bf16, random weights",

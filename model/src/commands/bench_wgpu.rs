@@ -2,7 +2,7 @@
 //! adapter present, with the banks kept on the device (uploaded once). Times are per call from
 //! the host: upload of activations and routes, every dispatch, readback of the output.
 
-use super::{BenchArgs, Format, median};
+use super::{BenchArgs, Format, median, print_json};
 use crate::commands::CommandError;
 use half::bf16;
 use moek_kernels::dispatch::{self, Backend};
@@ -29,10 +29,7 @@ pub struct GpuFigures {
 pub fn run(args: &BenchArgs) -> Result<ExitCode, CommandError> {
     let f = measure(args.iters.max(3))?;
     match args.format {
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&f).expect("figures serialise")
-        ),
+        Format::Json => print_json(&f),
         Format::Text => {
             println!("wgpu adapter: {}", f.adapter);
             println!(

@@ -141,10 +141,7 @@ fn with_model(args: &ModelArgs, job: impl Job) -> Result<ExitCode, CommandError>
     }
     let cfg = Config::load(&args.model).map_err(crate::checkpoint::LoadError::from)?;
     let ck = Checkpoint::open(&args.model)?;
-    let names = [
-        "model.embed_tokens.weight".to_string(),
-        "model.language_model.embed_tokens.weight".to_string(),
-    ];
+    let names = weights::names("embed_tokens.weight");
     match ck.dtype(&names)? {
         Dtype::BF16 => load::<bf16>(&ck, cfg, args, job),
         Dtype::F16 => load::<f16>(&ck, cfg, args, job),

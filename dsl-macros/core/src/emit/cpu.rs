@@ -520,13 +520,6 @@ fn lm_head_row(k: &Kernel) -> TokenStream {
                 }
             });
         }
-        // The first index of the largest logit; NaN never wins.
-        let mut best = 0usize;
-        for (i, &v) in out[..v_n].iter().enumerate() {
-            if v > out[best] {
-                best = i;
-            }
-        }
-        Some(best as u32)
+        Some(::moek_kernels::__private::argmax(&out[..v_n]))
     }
 }

@@ -855,7 +855,7 @@ impl<'k> Emitter<'k> {
         let dims: Vec<String> =
             k.op.dims()
                 .iter()
-                .map(|d| format!("{d}={}", dim_of(&s, *d)))
+                .map(|d| format!("{d}={}", s.dim(*d)))
                 .collect();
         let mode = match (self.dtype, self.native_f16()) {
             (DType::F32, _) => "f32 loads",
@@ -882,6 +882,8 @@ impl<'k> Emitter<'k> {
             "\nconst WG: u32 = {WORKGROUP}u;\nconst TILE: u32 = {TILE}u;\n"
         );
         src.push_str(COMMON);
+        src.push_str(&workgroup_sum("wg_sum", "red1", "f32"));
+        src.push_str(&workgroup_sum("wg_sum2", "red2", "vec2<f32>"));
         src.push_str(&self.declarations());
         src.push('\n');
         src.push_str(&self.loaders());
@@ -931,37 +933,29 @@ fn chunked_fn(
     f
 }
 
-/// Shared by every program: the params block, the workgroup sums, the activations.
+/// A workgroup tree sum `NAME(v, lid)` of `ty` over workgroup buffer `buf`; every thread gets the
+/// total.
+fn workgroup_sum(name: &str, buf: &str, ty: &str) -> String {
+    format!(
+        "var<workgroup> {buf}: array<{ty}, WG>;\n\n\
+         fn {name}(v: {ty}, lid: u32) -> {ty} {{\n    \
+         {buf}[lid] = v;\n    \
+         workgroupBarrier();\n    \
+         for (var s = WG / 2u; s > 0u; s >>= 1u) {{\n        \
+         if (lid < s) {{ {buf}[lid] += {buf}[lid + s]; }}\n        \
+         workgroupBarrier();\n    \
+         }}\n    \
+         let total = {buf}[0];\n    \
+         workgroupBarrier();\n    \
+         return total;\n\
+         }}\n\n"
+    )
+}
+
+/// Shared by every program: the params block, the token tile, the activations.
 const COMMON: &str = "struct Params { trip: u32, softcap: f32, pad0: u32, pad1: u32 }
 
-var<workgroup> red1: array<f32, WG>;
-var<workgroup> red2: array<vec2<f32>, WG>;
 var<private> tok: array<u32, TILE>;
-
-// Workgroup tree sum; every thread gets the total.
-fn wg_sum(v: f32, lid: u32) -> f32 {
-    red1[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) { red1[lid] += red1[lid + s]; }
-        workgroupBarrier();
-    }
-    let total = red1[0];
-    workgroupBarrier();
-    return total;
-}
-
-fn wg_sum2(v: vec2<f32>, lid: u32) -> vec2<f32> {
-    red2[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) { red2[lid] += red2[lid + s]; }
-        workgroupBarrier();
-    }
-    let total = red2[0];
-    workgroupBarrier();
-    return total;
-}
 
 // tanh's argument is clamped: some drivers' tanh overflows to NaN for large inputs, and
 // tanh(15) is 1 in f32.
@@ -1013,16 +1007,5 @@ fn entry_name(base: &str, block: usize, blocks: usize) -> String {
         base.to_string()
     } else {
         format!("{base}_cols{block}")
-    }
-}
-
-fn dim_of(s: &Shape, d: DimName) -> usize {
-    match d {
-        DimName::T => s.t,
-        DimName::R => s.r,
-        DimName::E => s.e,
-        DimName::H => s.h,
-        DimName::F => s.f,
-        DimName::V => s.v,
     }
 }
