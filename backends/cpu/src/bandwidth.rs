@@ -4,9 +4,11 @@ use rayon::prelude::*;
 use std::time::Instant;
 
 /// Reads a buffer of `bytes` (much larger than the caches) with every rayon thread, `reps`
-/// times, and returns the best rate in bytes per second.
+/// times, and returns the best rate in bytes per second. The buffer lives in huge pages, as the
+/// weights do ([`crate::memory`]): the probe measures the memory, not the TLB.
 pub fn read_bandwidth(bytes: usize, reps: usize) -> f64 {
-    let words = vec![1u64; bytes / 8];
+    let mut words = crate::memory::huge_vec::<u64>(bytes / 8);
+    words.fill(1);
     let mut best = 0f64;
     for _ in 0..reps.max(1) {
         let start = Instant::now();

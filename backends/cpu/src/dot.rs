@@ -62,7 +62,7 @@ pub fn dotn_segments<A: Element, B: Element, const NR: usize>(
     }
     match isa() {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Bf16 => avx512::dotn(a, rows, segs, next),
+        Isa::Avx512Bf16 | Isa::Amx => avx512::dotn(a, rows, segs, next),
         _ => portable::dotn(a, rows, segs),
     }
 }

@@ -3,15 +3,21 @@
 //!
 //! Each output's partial over `k` is computed from zero and then added to `c`, so a caller that
 //! passes reduction blocks one at a time gets exactly "partials added in declared order".
-//! Parallelism belongs to the caller (the generated schedule). The AVX-512 path runs 4 x 6 f32 FMA
-//! tiles over widened operands; the portable path dot products, four weight rows at a time.
+//! Parallelism belongs to the caller (the generated schedule). Which path runs depends on the ISA
+//! and the rows of `a`: bf16 on AMX runs tiles ([`crate::amx`]); otherwise AVX-512 runs 4 x 6 f32
+//! FMA tiles over widened operands; fewer than [`STREAM_ROWS`] rows, and the portable path, run
+//! dot products, four weight rows at a time. Paths differ in summation order only (each is one
+//! f32 sum per output; the primitive tests bound every path against an f64 sum).
 
-use crate::dot::dotn;
-use crate::element::Element;
+use crate::dot::dotn_segments;
+use crate::element::{Element, Kind, bits16, kind};
 use crate::isa::{Isa, isa};
 
-/// Rows of `a` and of `b` per register tile of the portable path.
+/// Rows of `b` per step of the dot-product path.
 pub const TILE: usize = 4;
+
+/// Below this many rows of `a` the product streams `b` through dot products (see [`by_dots`]).
+pub const STREAM_ROWS: usize = 4;
 
 /// `c[i*ldc + j] += sum_{p<k} a[i*lda + p] * b[j*ldb + p]` for `i < m`, `j < n`.
 ///
@@ -37,11 +43,18 @@ pub fn gemm_nt<W: Element>(
     assert!(a.len() >= (m - 1) * lda + k, "gemm_nt: a is too short");
     assert!(b.len() >= (n - 1) * ldb + k, "gemm_nt: b is too short");
     assert!(c.len() >= (m - 1) * ldc + n, "gemm_nt: c is too short");
+    let amx_bf16 = isa() == Isa::Amx && kind::<W>() == Kind::Bf16;
     match isa() {
+        _ if m < STREAM_ROWS => by_dots(a, lda, b, ldb, c, ldc, m, n, k),
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        // SAFETY: `isa()` enabled AMX for the process; the shapes were asserted above.
+        Isa::Amx if amx_bf16 => unsafe {
+            crate::amx::gemm(bits16(a), lda, bits16(b), ldb, c, ldc, m, n, k)
+        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the features were detected; every row the tiles touch is in bounds (asserted).
-        Isa::Avx512Bf16 => unsafe { avx512::gemm(a, lda, b, ldb, c, ldc, m, n, k) },
-        _ => portable(a, lda, b, ldb, c, ldc, m, n, k),
+        Isa::Avx512Bf16 | Isa::Amx => unsafe { avx512::gemm(a, lda, b, ldb, c, ldc, m, n, k) },
+        _ => by_dots(a, lda, b, ldb, c, ldc, m, n, k),
     }
 }
 
@@ -51,7 +64,11 @@ fn tile_rows<const N: usize>(ld: usize, i: usize, count: usize) -> [usize; N] {
     std::array::from_fn(|t| (i + t.min(count - 1)) * ld)
 }
 
-fn portable<W: Element>(
+/// Dot products, four rows of `b` at a time against each row of `a`, the next four prefetched:
+/// the portable path, and the streaming one for fewer than [`STREAM_ROWS`] rows (decode), where
+/// each weight is used too few times to pay for widening or packing it.
+#[allow(clippy::too_many_arguments)]
+fn by_dots<W: Element>(
     a: &[W],
     lda: usize,
     b: &[W],
@@ -65,9 +82,13 @@ fn portable<W: Element>(
     for j0 in (0..n).step_by(TILE) {
         let nj = TILE.min(n - j0);
         let boff = tile_rows::<TILE>(ldb, j0, nj);
+        let next = (j0 + TILE < n).then(|| {
+            tile_rows::<TILE>(ldb, j0 + TILE, TILE.min(n - j0 - TILE)).map(|bo| &b[bo..bo + k])
+        });
         for i0 in 0..m {
             let ao = i0 * lda;
-            let d = dotn::<W, W, TILE>(&a[ao..ao + k], boff.map(|bo| &b[bo..bo + k]));
+            let rows = boff.map(|bo| &b[bo..bo + k]);
+            let d = dotn_segments::<W, W, TILE>(&a[ao..ao + k], rows, &[(0, k)], next);
             let crow = &mut c[i0 * ldc + j0..][..nj];
             for tj in 0..nj {
                 crow[tj] += d[tj];
@@ -85,7 +106,6 @@ mod avx512 {
 
     use super::*;
     use crate::dot::avx512::{BF16, F16, F32, load16, size_of_kind};
-    use crate::element::{Kind, kind};
     use std::arch::x86_64::*;
 
     /// Rows of `a` per register tile.

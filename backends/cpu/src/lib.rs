@@ -6,11 +6,13 @@
 //! (see [`isa`]).
 
 pub mod activation;
+pub mod amx;
 pub mod bandwidth;
 pub mod dot;
 pub mod element;
 pub mod gemm;
 pub mod isa;
+pub mod memory;
 pub mod schedule;
 
 pub use activation::{gelu_tanh, softcap};

@@ -98,10 +98,18 @@ proptest! {
     }
 }
 
-/// Reductions longer than one cache chunk of the AVX-512 path, at the 26B-A4B widths, with tails.
+/// Reductions longer than one cache chunk of the AVX-512 path, at the 26B-A4B widths, with tails;
+/// row counts across the AMX path's 32-row blocks and column counts across its 128-column panels.
 #[test]
 fn gemm_matches_f64_over_long_reductions() {
-    for (m, n, k) in [(5, 7, 2816), (9, 13, 2111), (1, 6, 704)] {
+    for (m, n, k) in [
+        (5, 7, 2816),
+        (9, 13, 2111),
+        (1, 6, 704),
+        (3, 9, 2816),
+        (37, 150, 97),
+        (64, 130, 2816),
+    ] {
         check_gemm::<bf16>(m, n, k, 42);
         check_gemm::<f16>(m, n, k, 43);
         check_gemm::<f32>(m, n, k, 44);
