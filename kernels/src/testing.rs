@@ -479,21 +479,21 @@ impl<W: Elem> Case<W> {
 }
 
 /// `len` values uniform in `[-scale, scale)`, drawn in parallel chunks (deterministic in `seed`).
+///
+/// With the `cpu` feature the buffer lives in huge pages (`moek_cpu::memory`): benches stream
+/// these as weights, and 4 KiB pages would halve the bandwidth they measure.
 pub fn uniform<W: Elem>(len: usize, seed: u64, scale: f32) -> Vec<W> {
+    #[cfg(feature = "cpu")]
+    let mut v = moek_cpu::memory::huge_vec(len);
+    #[cfg(not(feature = "cpu"))]
     let mut v = vec![W::default(); len];
-    fill_uniform(&mut v, seed, scale);
-    v
-}
-
-/// Fills `dst` with what `uniform(dst.len(), seed, scale)` returns (for buffers the caller
-/// allocated, e.g. in huge pages).
-pub fn fill_uniform<W: Elem>(dst: &mut [W], seed: u64, scale: f32) {
     const CHUNK: usize = 1 << 16;
-    dst.par_chunks_mut(CHUNK).enumerate().for_each(|(i, c)| {
+    v.par_chunks_mut(CHUNK).enumerate().for_each(|(i, c)| {
         let mut rng = SmallRng::seed_from_u64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i as u64);
         c.iter_mut()
             .for_each(|x| *x = W::from_f32(rng.random_range(-scale..scale)));
     });
+    v
 }
 
 /// Top-`r` routes per token: distinct experts (when `r <= e`) with positive weights summing to 1.

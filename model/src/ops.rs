@@ -42,9 +42,14 @@ pub fn linear<W: Float>(x: &[f32], rows: usize, w: &[W], out: usize, inp: usize)
     let a = to_w::<W>(x);
     let mut y = vec![0f32; rows * out];
     // Column blocks of the output, each a GEMM over all rows: a few per thread, so a GEMM packs
-    // its rows of activations a few times per call, not once per 64 columns.
+    // its rows of activations a few times per call, and a streamed weight is read in long runs.
+    let per_thread = if rows < moek_cpu::gemm::STREAM_ROWS {
+        2
+    } else {
+        4
+    };
     let cols = out
-        .div_ceil(4 * rayon::current_num_threads())
+        .div_ceil(per_thread * rayon::current_num_threads())
         .next_multiple_of(64);
     let mut blocks: Vec<(usize, Vec<f32>)> = (0..out.div_ceil(cols))
         .into_par_iter()
@@ -115,10 +120,11 @@ pub fn rope(x: &mut [f32], d: usize, positions: &[usize], inv: &[f32]) {
 /// values (`[n, kv, d]`, positions `kpos`), score scale 1, softmax in f32; a sliding layer sees
 /// keys with `0 <= q - k < window`. Returns `[s, heads * d]`.
 ///
-/// Per head, in blocks of query rows: scores for every key as one GEMM, masked to `-inf` where
-/// invisible (their probability is exactly 0), softmax per row, then probabilities times values
-/// as a GEMM against the values transposed once per call (a sum of scaled value rows when the
-/// rows are too few to pay for the transpose, as in decode).
+/// Work goes by KV head and block of query rows, so the heads sharing a KV head read its keys
+/// and values once: the block's query rows of all those heads are one matrix, scored against
+/// every key as one GEMM, masked to `-inf` where invisible (probability exactly 0), softmaxed by
+/// row, then multiplied by the values: a GEMM against the values transposed once per call, or a
+/// sum of scaled value rows when the rows are too few to pay for the transpose (decode).
 pub fn attention(
     cfg: &Config,
     layer: &Layer,
@@ -128,11 +134,11 @@ pub fn attention(
     v: &[f32],
     kpos: &[usize],
 ) -> Vec<f32> {
-    /// Query rows per block: bounds the scores to `QB x n` per head in flight.
-    const QB: usize = 128;
     let (d, kv, heads) = (layer.head_dim, layer.kv_heads, cfg.heads);
     let (s, n) = (qpos.len(), kpos.len());
     let group = heads / kv;
+    // Query positions per block: about 256 score rows (QB x n scores in flight per task).
+    let qb = (256 / group).max(1);
     let sliding = layer.attention == crate::config::Attention::Sliding;
     let visible = |p: usize, kp: usize| kp <= p && (!sliding || p - kp < cfg.window);
     // `vt[g]` is value head g transposed, `[d, n]`.
@@ -148,31 +154,39 @@ pub fn attention(
         });
         t
     });
-    let per_head: Vec<Vec<f32>> = (0..heads)
-        .into_par_iter()
-        .map(|h| {
-            let g = h / group;
-            let mut o = vec![0f32; s * d];
-            for q0 in (0..s).step_by(QB) {
-                let qs = QB.min(s - q0);
-                let mut sc = vec![0f32; qs * n];
-                let qh = &q[(q0 * heads + h) * d..];
-                moek_cpu::gemm_nt(qh, heads * d, &k[g * d..], kv * d, &mut sc, n, qs, n, d);
-                for (i, row) in sc.chunks_mut(n).enumerate() {
-                    for (x, &kp) in row.iter_mut().zip(kpos) {
-                        if !visible(qpos[q0 + i], kp) {
-                            *x = f32::NEG_INFINITY;
-                        }
+    let tasks: Vec<(usize, usize)> = (0..kv)
+        .flat_map(|g| (0..s).step_by(qb).map(move |q0| (g, q0)))
+        .collect();
+    let outs: Vec<Vec<f32>> = tasks
+        .par_iter()
+        .map(|&(g, q0)| {
+            let qs = qb.min(s - q0);
+            // Rows (i, hh): query position q0 + i, head g * group + hh.
+            let rows = qs * group;
+            let qg: Vec<f32> = (0..qs)
+                .flat_map(|i| &q[((q0 + i) * heads + g * group) * d..][..group * d])
+                .copied()
+                .collect();
+            let mut sc = vec![0f32; rows * n];
+            moek_cpu::gemm_nt(&qg, d, &k[g * d..], kv * d, &mut sc, n, rows, n, d);
+            for (r, row) in sc.chunks_mut(n).enumerate() {
+                let p = qpos[q0 + r / group];
+                for (x, &kp) in row.iter_mut().zip(kpos) {
+                    if !visible(p, kp) {
+                        *x = f32::NEG_INFINITY;
                     }
-                    softmax_in_place(row);
                 }
-                let oq = &mut o[q0 * d..(q0 + qs) * d];
-                match &vt {
-                    Some(vt) => moek_cpu::gemm_nt(&sc, n, &vt[g * d * n..], n, oq, d, qs, d, n),
-                    None => {
-                        for (orow, probs) in oq.chunks_mut(d).zip(sc.chunks(n)) {
-                            for (j, &p) in probs.iter().enumerate().filter(|(_, p)| **p > 0.0) {
-                                let vh = &v[(j * kv + g) * d..][..d];
+                softmax_in_place(row);
+            }
+            let mut o = vec![0f32; rows * d];
+            match &vt {
+                Some(vt) => moek_cpu::gemm_nt(&sc, n, &vt[g * d * n..], n, &mut o, d, rows, d, n),
+                None => {
+                    for j in 0..n {
+                        let vh = &v[(j * kv + g) * d..][..d];
+                        for (orow, probs) in o.chunks_mut(d).zip(sc.chunks(n)) {
+                            let p = probs[j];
+                            if p > 0.0 {
                                 orow.iter_mut().zip(vh).for_each(|(o, v)| *o += p * v);
                             }
                         }
@@ -183,13 +197,17 @@ pub fn attention(
         })
         .collect();
     let mut out = vec![0f32; s * heads * d];
-    for (h, o) in per_head.iter().enumerate() {
-        for (i, row) in o.chunks(d).enumerate() {
-            out[(i * heads + h) * d..][..d].copy_from_slice(row);
+    for (&(g, q0), o) in tasks.iter().zip(&outs) {
+        for (r, row) in o.chunks(d).enumerate() {
+            let (i, hh) = (r / group, r % group);
+            out[((q0 + i) * heads + g * group + hh) * d..][..d].copy_from_slice(row);
         }
     }
     out
 }
+
+/// Probabilities below this (2^-64) are 0 (see [`softmax_in_place`]).
+pub const PROB_FLUSH: f32 = 5.421_011e-20;
 
 /// Softmax in f32 (max subtracted first).
 pub fn softmax(x: &[f32]) -> Vec<f32> {
@@ -200,17 +218,106 @@ pub fn softmax(x: &[f32]) -> Vec<f32> {
 
 /// [`softmax`] over `x` itself; `-inf` entries get probability 0 (at least one must be finite).
 ///
-/// Probabilities below `f32::MIN_POSITIVE` (1.2e-38) are flushed to 0: subnormal operands cost
-/// the FMA units a microcode assist each (measured: a 512-key attention ran 25x slower on
-/// peaked scores), and against a largest probability of at least `1/n` they change no sum.
+/// Probabilities below [`PROB_FLUSH`] are flushed to 0: subnormal operands and products cost
+/// the FMA units a microcode assist each (measured: a 512-key attention on peaked scores ran 25x
+/// slower with subnormal probabilities, and 2-4x slower with products `p * v` turning subnormal).
+/// A flushed term moves a sum over `n` values by at most `n * 2^-64 * max|v|`, while its largest
+/// term is at least `max|v| / n`-sized: far below f32 resolution for any context length.
 pub fn softmax_in_place(x: &mut [f32]) {
     let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     x.iter_mut().for_each(|v| *v = (*v - m).exp());
     let sum: f32 = x.iter().sum();
     x.iter_mut().for_each(|v| {
         *v /= sum;
-        if *v < f32::MIN_POSITIVE {
+        if *v < PROB_FLUSH {
             *v = 0.0;
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The attention formula in f64, one query row and head at a time, over visible keys only.
+    fn attention_f64(
+        cfg: &Config,
+        layer: &Layer,
+        q: &[f32],
+        qpos: &[usize],
+        k: &[f32],
+        v: &[f32],
+        kpos: &[usize],
+    ) -> Vec<f64> {
+        let (d, kv, heads) = (layer.head_dim, layer.kv_heads, cfg.heads);
+        let sliding = layer.attention == crate::config::Attention::Sliding;
+        let mut out = vec![0f64; qpos.len() * heads * d];
+        for (i, &p) in qpos.iter().enumerate() {
+            for h in 0..heads {
+                let g = h / (heads / kv);
+                let qh = &q[(i * heads + h) * d..][..d];
+                let seen: Vec<usize> = (0..kpos.len())
+                    .filter(|&j| kpos[j] <= p && (!sliding || p - kpos[j] < cfg.window))
+                    .collect();
+                let scores: Vec<f64> = seen
+                    .iter()
+                    .map(|&j| {
+                        let kh = &k[(j * kv + g) * d..][..d];
+                        qh.iter().zip(kh).map(|(a, b)| *a as f64 * *b as f64).sum()
+                    })
+                    .collect();
+                let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for (&j, w) in seen.iter().zip(e) {
+                    let vh = &v[(j * kv + g) * d..][..d];
+                    for (o, x) in out[(i * heads + h) * d..][..d].iter_mut().zip(vh) {
+                        *o += w / sum * *x as f64;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Both layer kinds of the tiny model (sliding with a 4-key window and two KV heads; full with
+    /// one), prefill-sized blocks (the transposed-value GEMM) and single rows (decode), after a
+    /// cache of earlier positions: every output within 1e-5 of the f64 formula, none NaN.
+    #[test]
+    fn attention_matches_f64_on_both_paths() {
+        let cfg = crate::tiny::config();
+        let val = |i: usize, salt: usize| (((i * 31 + salt) % 23) as f32 - 11.0) / 9.0;
+        for layer in &cfg.layers[..2] {
+            let (d, kv, heads) = (layer.head_dim, layer.kv_heads, cfg.heads);
+            for (cached, s) in [(0, 7), (5, 6), (9, 1), (0, 1)] {
+                let n = cached + s;
+                let qpos: Vec<usize> = (cached..n).collect();
+                let kpos: Vec<usize> = (0..n).collect();
+                let q: Vec<f32> = (0..s * heads * d).map(|i| val(i, 1)).collect();
+                let k: Vec<f32> = (0..n * kv * d).map(|i| val(i, 2)).collect();
+                let v: Vec<f32> = (0..n * kv * d).map(|i| val(i, 3)).collect();
+                let got = attention(&cfg, layer, &q, &qpos, &k, &v, &kpos);
+                let want = attention_f64(&cfg, layer, &q, &qpos, &k, &v, &kpos);
+                for (g, w) in got.iter().zip(&want) {
+                    assert!(
+                        (*g as f64 - w).abs() <= 1e-5,
+                        "{:?} cached {cached} rows {s}: {g} vs {w}",
+                        layer.attention
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_flushes_only_negligible_probabilities() {
+        let mut x = vec![0.0, -50.0, -100.0, f32::NEG_INFINITY];
+        softmax_in_place(&mut x);
+        // e^-50 = 1.9e-22 is below 2^-64 and flushed; e^-100 and -inf are 0 either way.
+        assert_eq!(&x[1..], &[0.0, 0.0, 0.0]);
+        assert_eq!(x[0], 1.0);
+        let mut y = vec![0.0, -40.0];
+        softmax_in_place(&mut y);
+        assert!(y[1] > 0.0, "e^-40 = 4.2e-18 is kept");
+    }
 }

@@ -5,7 +5,7 @@
 use crate::config::{Attention, Config, Layer, Moe, Rope};
 use crate::weights::{LayerWeights, MoeWeights, Weights};
 use moek_kernels::Elem;
-use moek_kernels::testing::{fill_uniform, uniform};
+use moek_kernels::testing::uniform;
 use std::borrow::Cow;
 
 pub fn config() -> Config {
@@ -56,10 +56,7 @@ pub fn weights<W: Elem>(cfg: &Config) -> Weights<'static, W> {
     let mut seed = 1000u64;
     let mut mat = |n: usize, fan_in: usize| -> Cow<'static, [W]> {
         seed += 1;
-        // In huge pages: decode streams these, and 4 KiB pages would halve its bandwidth.
-        let mut m = moek_cpu::memory::huge_vec(n);
-        fill_uniform(&mut m, seed, 1.0 / (fan_in as f32).sqrt());
-        Cow::Owned(m)
+        Cow::Owned(uniform(n, seed, 1.0 / (fan_in as f32).sqrt()))
     };
     let mut norm_seed = 5000u64;
     let mut norm = |n: usize| -> Vec<f32> {

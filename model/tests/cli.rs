@@ -343,6 +343,11 @@ fn the_model_bench_prints_the_fields_scripts_check() {
         "read_bandwidth_gbs",
         "peak_rss_bytes",
         "weights_bytes",
+        "prefill_gflops",
+        "isa_peak_gflops",
+        "decode_ceiling_tokens_per_s",
+        "decode_bandwidth_ratio",
+        "moe_decode_bandwidth_ratio",
     ] {
         let x = v[key]
             .as_f64()

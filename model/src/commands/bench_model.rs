@@ -11,22 +11,37 @@ use half::bf16;
 use std::process::ExitCode;
 use std::time::Instant;
 
-/// What one run measures; the field names are the ones scripts check.
+/// What one run measures; the field names are the ones scripts check. Every time is a median of
+/// repeated runs; every ratio is taken against a floor measured or computed in the same run.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ModelFigures {
     pub geometry: String,
     pub layers: usize,
     pub backend: String,
+    pub isa: &'static str,
     pub threads: usize,
     pub prompt_tokens: usize,
+    /// Prefills timed (the median is reported) and decode steps timed.
+    pub prefill_runs: usize,
+    pub decode_steps: usize,
     pub prefill_tokens_per_s: f64,
+    /// FLOPs of the prefill (matrix products, attention, LM head row) over its median time.
+    pub prefill_gflops: f64,
+    /// The ISA's peak bf16 GEMM rate on all threads at the nominal clock.
+    pub isa_peak_gflops: f64,
     pub decode_tokens_per_s: f64,
+    /// Read bandwidth over bytes per decode step: what decode could reach if it only streamed.
+    pub decode_ceiling_tokens_per_s: f64,
+    /// bytes per decode step / measured read bandwidth, over the measured step time.
+    pub decode_bandwidth_ratio: f64,
     pub moe_decode_ms_per_layer: f64,
+    /// Bytes of one layer's MoE block per decode step (router and eight experts).
+    pub moe_decode_bytes_per_layer: f64,
+    /// moe_decode_bytes_per_layer / measured read bandwidth, over the measured MoE time.
+    pub moe_decode_bandwidth_ratio: f64,
     pub moe_prefill_ms_per_token_layer: f64,
     pub bytes_per_decode_step: f64,
     pub read_bandwidth_gbs: f64,
-    /// bytes per decode step / measured read bandwidth, over the measured step time.
-    pub decode_bandwidth_ratio: f64,
     pub peak_rss_bytes: u64,
     pub weights_bytes: u64,
 }
@@ -37,22 +52,40 @@ pub fn run(args: &BenchArgs, layers: usize) -> Result<ExitCode, CommandError> {
         Format::Json => print_json(&f),
         Format::Text => {
             println!(
-                "{} x {} layers on {} ({} threads), bf16, random weights",
-                f.geometry, f.layers, f.backend, f.threads
+                "{} x {} layers on {} ({}, {} threads), bf16, random weights",
+                f.geometry, f.layers, f.backend, f.isa, f.threads
             );
             println!(
-                "prefill {} tokens: {:.1} tokens/s; MoE {:.3} ms per token per layer",
-                f.prompt_tokens, f.prefill_tokens_per_s, f.moe_prefill_ms_per_token_layer
+                "read bandwidth (same run): {:.1} GB/s",
+                f.read_bandwidth_gbs
             );
             println!(
-                "decode: {:.2} tokens/s; {:.1} MB read per step; read bandwidth {:.1} GB/s (same run) \
-                 -> ceiling {:.2} tokens/s, {:.0}% of it; MoE {:.3} ms per layer per token",
+                "prefill {} tokens (median of {}): {:.1} tokens/s, {:.0} GFLOP/s = {:.0}% of the ISA's \
+                 bf16 GEMM peak {:.0}; MoE {:.3} ms per token per layer",
+                f.prompt_tokens,
+                f.prefill_runs,
+                f.prefill_tokens_per_s,
+                f.prefill_gflops,
+                f.prefill_gflops / f.isa_peak_gflops * 100.0,
+                f.isa_peak_gflops,
+                f.moe_prefill_ms_per_token_layer
+            );
+            println!(
+                "decode (median of {} steps): {:.2} tokens/s; {:.1} MB read per step -> ceiling \
+                 {:.2} tokens/s, {:.0}% of it",
+                f.decode_steps,
                 f.decode_tokens_per_s,
                 f.bytes_per_decode_step / 1e6,
-                f.read_bandwidth_gbs,
-                f.read_bandwidth_gbs * 1e9 / f.bytes_per_decode_step,
+                f.decode_ceiling_tokens_per_s,
                 f.decode_bandwidth_ratio * 100.0,
-                f.moe_decode_ms_per_layer
+            );
+            println!(
+                "MoE decode: {:.3} ms per layer per token for {:.1} MB -> floor {:.3} ms, {:.0}% of \
+                 read bandwidth",
+                f.moe_decode_ms_per_layer,
+                f.moe_decode_bytes_per_layer / 1e6,
+                f.moe_decode_bytes_per_layer / (f.read_bandwidth_gbs * 1e9) * 1e3,
+                f.moe_decode_bandwidth_ratio * 100.0
             );
             println!(
                 "peak RSS {:.2} GB for {:.2} GB of weights ({:.2}x)",
@@ -92,12 +125,23 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
     let prompt: Vec<u32> = (0..512u32)
         .map(|i| (i * 7919 + 13) % cfg.vocab as u32)
         .collect();
+    // Prefill: a fresh cache each run; the last run's cache goes on to decode.
+    const PREFILL_RUNS: usize = 3;
     let mut trace = vec![];
-    let mut cache = Cache::default();
-    let start = Instant::now();
-    let mut last = model.forward(&prompt, &mut cache, Head::Last, &mut trace)?;
-    let prefill_s = start.elapsed().as_secs_f64();
-    let moe_prefill = moe_seconds(&trace);
+    let mut prefill = vec![];
+    let mut moe_prefill = vec![];
+    let mut state = None;
+    for _ in 0..PREFILL_RUNS {
+        trace.clear();
+        let mut cache = Cache::default();
+        let start = Instant::now();
+        let last = model.forward(&prompt, &mut cache, Head::Last, &mut trace)?;
+        prefill.push(start.elapsed().as_secs_f64());
+        moe_prefill.push(moe_seconds(&trace));
+        state = Some((cache, last));
+    }
+    let (mut cache, mut last) = state.expect("at least one prefill");
+    let prefill_s = median(prefill.into_iter());
     let steps = args.iters.max(3);
     let mut samples = vec![];
     let mut moe = vec![];
@@ -110,35 +154,94 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
         moe.push(moe_seconds(&trace) / layers as f64);
     }
     let step_s = median(samples.into_iter());
-    // Per decode step: the LM head row product, and per layer attention, dense MLP and the
-    // eight selected experts (the KV cache is small beside them at this length).
-    let (h, e) = (cfg.hidden as f64, 2.0);
-    let mut bytes = cfg.vocab as f64 * h * e;
-    for l in &cfg.layers {
-        let (d, kv, nh) = (l.head_dim as f64, l.kv_heads as f64, cfg.heads as f64);
-        let v = if l.k_eq_v { 0.0 } else { kv * d * h };
-        bytes += (2.0 * nh * d * h + kv * d * h + v) * e;
-        bytes += 3.0 * cfg.intermediate as f64 * h * e;
-        if let Some(m) = cfg.moe {
-            bytes += (m.top_k * 3 * m.intermediate) as f64 * h * e + (m.experts as f64 * h * e);
-        }
-    }
+    let moe_s = median(moe.into_iter());
+    let work = Work::of(cfg, prompt.len());
+    let isa = moek_cpu::isa();
+    let threads = rayon::current_num_threads();
     Ok(ModelFigures {
         geometry: "26b-a4b".into(),
         layers,
         backend: format!("{backend:?}").to_lowercase(),
-        threads: rayon::current_num_threads(),
+        isa: isa.name(),
+        threads,
         prompt_tokens: prompt.len(),
+        prefill_runs: PREFILL_RUNS,
+        decode_steps: steps,
         prefill_tokens_per_s: prompt.len() as f64 / prefill_s,
+        prefill_gflops: work.prefill_flops / prefill_s / 1e9,
+        isa_peak_gflops: 2.0 * isa.gemm_macs_per_cycle() * nominal_ghz() * threads as f64,
         decode_tokens_per_s: 1.0 / step_s,
-        moe_decode_ms_per_layer: median(moe.into_iter()) * 1e3,
-        moe_prefill_ms_per_token_layer: moe_prefill / (layers * prompt.len()) as f64 * 1e3,
-        bytes_per_decode_step: bytes,
+        decode_ceiling_tokens_per_s: read_bandwidth / work.decode_bytes,
+        decode_bandwidth_ratio: work.decode_bytes / read_bandwidth / step_s,
+        moe_decode_ms_per_layer: moe_s * 1e3,
+        moe_decode_bytes_per_layer: work.moe_decode_bytes,
+        moe_decode_bandwidth_ratio: work.moe_decode_bytes / read_bandwidth / moe_s,
+        moe_prefill_ms_per_token_layer: median(moe_prefill.into_iter())
+            / (layers * prompt.len()) as f64
+            * 1e3,
+        bytes_per_decode_step: work.decode_bytes,
         read_bandwidth_gbs: read_bandwidth / 1e9,
-        decode_bandwidth_ratio: bytes / read_bandwidth / step_s,
         peak_rss_bytes: peak_rss(),
         weights_bytes,
     })
+}
+
+/// What a prefill computes and a decode step reads, counted from the config.
+struct Work {
+    prefill_flops: f64,
+    decode_bytes: f64,
+    moe_decode_bytes: f64,
+}
+
+impl Work {
+    /// Per decode step: the LM head row product, and per layer attention, dense MLP, router and
+    /// the eight selected experts (the KV cache is small beside them at this length). Per
+    /// prefill of `s` tokens: two FLOPs per multiply-add of every matrix product, attention over
+    /// the visible keys, and the LM head on the final row.
+    fn of(cfg: &crate::config::Config, s: usize) -> Work {
+        let (h, e, st) = (cfg.hidden as f64, 2.0, s as f64);
+        let mut decode_macs = cfg.vocab as f64 * h;
+        let mut prefill_flops = 2.0 * cfg.vocab as f64 * h;
+        let mut moe_decode = 0.0;
+        for l in &cfg.layers {
+            let (d, kv, nh) = (l.head_dim as f64, l.kv_heads as f64, cfg.heads as f64);
+            let v = if l.k_eq_v { 0.0 } else { kv * d * h };
+            let dense = (2.0 * nh * d * h + kv * d * h + v) + 3.0 * cfg.intermediate as f64 * h;
+            decode_macs += dense;
+            prefill_flops += 2.0 * st * dense;
+            // Causal: query i sees i + 1 keys, at most the window on sliding layers.
+            let window = match l.attention {
+                crate::config::Attention::Sliding => cfg.window,
+                _ => usize::MAX,
+            };
+            let visible: f64 = (0..s).map(|i| (i + 1).min(window) as f64).sum();
+            prefill_flops += 2.0 * 2.0 * nh * d * visible;
+            if let Some(m) = cfg.moe {
+                let experts = (m.top_k * 3 * m.intermediate) as f64 * h;
+                let router = m.experts as f64 * h;
+                moe_decode = (experts + router) * e;
+                decode_macs += experts + router;
+                prefill_flops += 2.0 * st * (experts + router);
+            }
+        }
+        Work {
+            prefill_flops,
+            decode_bytes: decode_macs * e,
+            moe_decode_bytes: moe_decode,
+        }
+    }
+}
+
+/// The CPU's nominal clock in GHz (`cpu MHz` of /proc/cpuinfo; 2.0 where absent), for peaks.
+fn nominal_ghz() -> f64 {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("cpu MHz"))
+                .and_then(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
+        })
+        .map_or(2.0, |mhz| mhz / 1e3)
 }
 
 /// The process's peak resident set (`VmHWM`), bytes; 0 where /proc is absent.
