@@ -56,6 +56,11 @@ mod tiles {
     /// Rows of a tile, and bf16 per tile row (64 bytes).
     const TR: usize = 16;
     const TK: usize = 32;
+    /// Reduction steps ahead that the next tiles' rows are prefetched. Tile registers are not
+    /// renamed, so a tile load waits for the products reading the previous one: loads that hit
+    /// L1 keep that wait short (measured: 15-25% more GMAC/s on 32 x 1408 x 2816 and
+    /// 512 x 2816 x 2112; 2 and 8 steps ahead did no better).
+    const AHEAD: usize = 4;
     /// One tile in u32 pairs.
     const TILE: usize = TR * TK / 2;
 
@@ -201,6 +206,21 @@ mod tiles {
                 options(nostack, nomem)
             );
             for kb in 0..kb_n {
+                if kb + AHEAD < kb_n {
+                    for r in 0..2 * TR {
+                        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                            w.add(r * ld + (kb + AHEAD) * TK).cast::<i8>(),
+                        );
+                        let xt = if r < TR {
+                            kb + AHEAD
+                        } else {
+                            kb_n + kb + AHEAD
+                        };
+                        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                            x.add(xt * TILE + (r % TR) * TR).cast::<i8>(),
+                        );
+                    }
+                }
                 let w0 = w.add(kb * TK);
                 let w1 = w0.add(TR * ld);
                 let x0 = x.add(kb * TILE);
