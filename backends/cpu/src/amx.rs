@@ -42,7 +42,7 @@ pub fn enable() -> bool {
 
 /// Weight rows (output columns) per panel: 128 x 2816 bf16 is 704 KiB, held in L2 while every
 /// block of activations passes.
-pub const PANEL: usize = 128;
+const PANEL: usize = 128;
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub(crate) use tiles::gemm;

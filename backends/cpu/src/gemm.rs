@@ -43,12 +43,11 @@ pub fn gemm_nt<W: Element>(
     assert!(a.len() >= (m - 1) * lda + k, "gemm_nt: a is too short");
     assert!(b.len() >= (n - 1) * ldb + k, "gemm_nt: b is too short");
     assert!(c.len() >= (m - 1) * ldc + n, "gemm_nt: c is too short");
-    let amx_bf16 = isa() == Isa::Amx && kind::<W>() == Kind::Bf16;
     match isa() {
         _ if m < STREAM_ROWS => by_dots(a, lda, b, ldb, c, ldc, m, n, k),
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
         // SAFETY: `isa()` enabled AMX for the process; the shapes were asserted above.
-        Isa::Amx if amx_bf16 => unsafe {
+        Isa::Amx if kind::<W>() == Kind::Bf16 => unsafe {
             crate::amx::gemm(bits16(a), lda, bits16(b), ldb, c, ldc, m, n, k)
         },
         #[cfg(target_arch = "x86_64")]

@@ -26,11 +26,6 @@ impl Isa {
         }
     }
 
-    /// Whether the AVX-512 primitives (dot products, f32 GEMM tiles) are in use.
-    pub fn avx512(self) -> bool {
-        self != Isa::Portable
-    }
-
     /// Peak f32-accumulated multiply-adds per cycle per core on bf16 GEMMs, for reports.
     pub fn gemm_macs_per_cycle(self) -> f64 {
         match self {

@@ -554,14 +554,10 @@ impl<'k> Emitter<'k> {
     }
 
     fn entry(&mut self, name: &str, rows: usize, body: &str) {
-        let _ = writeln!(
-            self.entries,
-            "@compute @workgroup_size(WG)\n\
-             fn {name}(@builtin(workgroup_id) wid: vec3<u32>, \
-             @builtin(num_workgroups) nwg: vec3<u32>, \
-             @builtin(local_invocation_index) lid: u32) {{\n    \
-             let row = wid.x + wid.y * nwg.x;\n    \
-             if (row >= {rows}u) {{ return; }}\n{body}}}\n"
+        self.compute_fn(
+            name,
+            &format!("let row = wid.x + wid.y * nwg.x;\n    if (row >= {rows}u) {{ return; }}"),
+            body,
         );
         self.steps.push(Step::Rows {
             entry: name.to_string(),
@@ -570,19 +566,30 @@ impl<'k> Emitter<'k> {
     }
 
     fn elementwise(&mut self, name: &str, count: usize, body: &str) {
+        self.compute_fn(
+            name,
+            &format!(
+                "let i = (wid.x + wid.y * nwg.x) * WG + lid;\n    if (i >= {count}u) {{ return; }}"
+            ),
+            body,
+        );
+        self.steps.push(Step::Elems {
+            entry: name.to_string(),
+            count: count as u32,
+        });
+    }
+
+    /// One entry point of `WG` threads over a 2-D grid of workgroups: `head` names the work item
+    /// and returns past the last, `body` does the work.
+    fn compute_fn(&mut self, name: &str, head: &str, body: &str) {
         let _ = writeln!(
             self.entries,
             "@compute @workgroup_size(WG)\n\
              fn {name}(@builtin(workgroup_id) wid: vec3<u32>, \
              @builtin(num_workgroups) nwg: vec3<u32>, \
              @builtin(local_invocation_index) lid: u32) {{\n    \
-             let i = (wid.x + wid.y * nwg.x) * WG + lid;\n    \
-             if (i >= {count}u) {{ return; }}\n{body}}}\n"
+             {head}\n{body}}}\n"
         );
-        self.steps.push(Step::Elems {
-            entry: name.to_string(),
-            count: count as u32,
-        });
     }
 
     /// Gathered gate/up: one workgroup per (token, route, column) writes
