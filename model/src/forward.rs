@@ -37,12 +37,38 @@ pub enum Head {
     All,
 }
 
-/// Keys and values of one layer, post-norm and post-RoPE, with their positions.
+/// Keys and values of one layer, post-norm and post-RoPE, with their positions. Each KV head's
+/// keys (and values) are one `[n, d]` run, so attention streams a head's cache front to back.
 #[derive(Clone, Debug, Default)]
 pub struct LayerCache {
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
+    pub k: Vec<Vec<f32>>,
+    pub v: Vec<Vec<f32>>,
     pub pos: Vec<usize>,
+}
+
+impl LayerCache {
+    /// Appends rows `k`, `v` (`[s, kv, d]`) at `positions`.
+    fn append(&mut self, k: &[f32], v: &[f32], positions: &[usize], kv: usize, d: usize) {
+        self.k.resize(kv, Vec::new());
+        self.v.resize(kv, Vec::new());
+        for t in 0..positions.len() {
+            for g in 0..kv {
+                let at = (t * kv + g) * d..(t * kv + g + 1) * d;
+                self.k[g].extend_from_slice(&k[at.clone()]);
+                self.v[g].extend_from_slice(&v[at]);
+            }
+        }
+        self.pos.extend_from_slice(positions);
+    }
+
+    /// Keeps only the last `keep` positions.
+    fn keep_last(&mut self, keep: usize, d: usize) {
+        let drop = self.pos.len() - keep.min(self.pos.len());
+        self.pos.drain(..drop);
+        for x in self.k.iter_mut().chain(&mut self.v) {
+            x.drain(..drop * d);
+        }
+    }
 }
 
 /// A sequence's state: sliding layers keep the last `window - 1` positions, full layers all.
@@ -80,6 +106,18 @@ impl<W: Float> Model<'_, W> {
     /// Runs `tokens` after what `cache` holds, appending to it, and returns the logits of the
     /// final row (`Head::Last`) or of every row; with the dispatch records.
     pub fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut Cache,
+        head: Head,
+        trace: &mut Vec<Trace>,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        // Every projection and kernel below is a parallel loop: joined from a worker, not from
+        // a sleeping caller (see `moek_cpu::pool`).
+        moek_cpu::on_pool(|| self.forward_on_pool(tokens, cache, head, trace))
+    }
+
+    fn forward_on_pool(
         &self,
         tokens: &[u32],
         cache: &mut Cache,
@@ -365,17 +403,11 @@ impl<W: Float> Model<'_, W> {
         let mut k = k_raw;
         rms_norm(&mut k, d, Some(&lw.k_norm), cfg.eps);
         ops::rope(&mut k, d, positions, &inv);
-        cache.k.extend_from_slice(&k);
-        cache.v.extend_from_slice(&v);
-        cache.pos.extend_from_slice(positions);
+        cache.append(&k, &v, positions, kv, d);
         let o = ops::attention(cfg, layer, &q, positions, &cache.k, &cache.v, &cache.pos);
         if layer.attention == Attention::Sliding {
             // Keep the last window - 1 positions: all a later query can see besides itself.
-            let keep = cfg.window.saturating_sub(1).min(cache.pos.len());
-            let drop = cache.pos.len() - keep;
-            cache.pos.drain(..drop);
-            cache.k.drain(..drop * kv * d);
-            cache.v.drain(..drop * kv * d);
+            cache.keep_last(cfg.window.saturating_sub(1), d);
         }
         linear(&o, s, &lw.o, hd, nh * d)
     }

@@ -117,42 +117,48 @@ pub fn rope(x: &mut [f32], d: usize, positions: &[usize], inv: &[f32]) {
 }
 
 /// Causal attention of `s` new queries (`q` `[s, heads, d]`, positions `qpos`) over `n` keys and
-/// values (`[n, kv, d]`, positions `kpos`), score scale 1, softmax in f32; a sliding layer sees
-/// keys with `0 <= q - k < window`. Returns `[s, heads * d]`.
+/// values held by KV head (`k[g]`, `v[g]` `[n, d]`, positions `kpos`), score scale 1, softmax in
+/// f32; a sliding layer sees keys with `0 <= q - k < window`. Returns `[s, heads * d]`.
 ///
 /// Work goes by KV head and block of query rows, so the heads sharing a KV head read its keys
-/// and values once: the block's query rows of all those heads are one matrix, scored against
-/// every key as one GEMM, masked to `-inf` where invisible (probability exactly 0), softmaxed by
-/// row, then multiplied by the values: a GEMM against the values transposed once per call, or a
-/// sum of scaled value rows when the rows are too few to pay for the transpose (decode).
+/// and values once, as one contiguous run: the block's query rows of all those heads are one
+/// matrix, scored against every key as one GEMM, masked to `-inf` where invisible (probability
+/// exactly 0), softmaxed by row, then multiplied by the values: a GEMM against the values
+/// transposed once per call, or a sum of scaled value rows when the rows are too few to pay for
+/// the transpose (decode).
 pub fn attention(
     cfg: &Config,
     layer: &Layer,
     q: &[f32],
     qpos: &[usize],
-    k: &[f32],
-    v: &[f32],
+    k: &[Vec<f32>],
+    v: &[Vec<f32>],
     kpos: &[usize],
 ) -> Vec<f32> {
     let (d, kv, heads) = (layer.head_dim, layer.kv_heads, cfg.heads);
     let (s, n) = (qpos.len(), kpos.len());
+    assert!(
+        k.len() == kv && v.len() == kv,
+        "attention: {kv} KV heads expected"
+    );
     let group = heads / kv;
     // Query positions per block: about 256 score rows (QB x n scores in flight per task).
     let qb = (256 / group).max(1);
     let sliding = layer.attention == crate::config::Attention::Sliding;
     let visible = |p: usize, kp: usize| kp <= p && (!sliding || p - kp < cfg.window);
     // `vt[g]` is value head g transposed, `[d, n]`.
-    let vt: Option<Vec<f32>> = (s >= moek_cpu::gemm::STREAM_ROWS).then(|| {
-        let mut t = vec![0f32; kv * d * n];
-        t.par_chunks_mut(d * n).enumerate().for_each(|(g, tg)| {
-            for j in 0..n {
-                let row = &v[(j * kv + g) * d..][..d];
-                for (dd, &x) in row.iter().enumerate() {
-                    tg[dd * n + j] = x;
+    let vt: Option<Vec<Vec<f32>>> = (s >= moek_cpu::gemm::STREAM_ROWS).then(|| {
+        v.par_iter()
+            .map(|vg| {
+                let mut t = vec![0f32; d * n];
+                for (j, row) in vg.chunks(d).enumerate() {
+                    for (dd, &x) in row.iter().enumerate() {
+                        t[dd * n + j] = x;
+                    }
                 }
-            }
-        });
-        t
+                t
+            })
+            .collect()
     });
     let tasks: Vec<(usize, usize)> = (0..kv)
         .flat_map(|g| (0..s).step_by(qb).map(move |q0| (g, q0)))
@@ -168,7 +174,7 @@ pub fn attention(
                 .copied()
                 .collect();
             let mut sc = vec![0f32; rows * n];
-            moek_cpu::gemm_nt(&qg, d, &k[g * d..], kv * d, &mut sc, n, rows, n, d);
+            moek_cpu::gemm_nt(&qg, d, &k[g], d, &mut sc, n, rows, n, d);
             for (r, row) in sc.chunks_mut(n).enumerate() {
                 let p = qpos[q0 + r / group];
                 for (x, &kp) in row.iter_mut().zip(kpos) {
@@ -180,14 +186,12 @@ pub fn attention(
             }
             let mut o = vec![0f32; rows * d];
             match &vt {
-                Some(vt) => moek_cpu::gemm_nt(&sc, n, &vt[g * d * n..], n, &mut o, d, rows, d, n),
+                Some(vt) => moek_cpu::gemm_nt(&sc, n, &vt[g], n, &mut o, d, rows, d, n),
                 None => {
-                    for j in 0..n {
-                        let vh = &v[(j * kv + g) * d..][..d];
+                    for (j, vj) in v[g].chunks(d).enumerate() {
                         for (orow, probs) in o.chunks_mut(d).zip(sc.chunks(n)) {
-                            let p = probs[j];
-                            if p > 0.0 {
-                                orow.iter_mut().zip(vh).for_each(|(o, v)| *o += p * v);
+                            if probs[j] > 0.0 {
+                                moek_cpu::axpy(probs[j], vj, orow);
                             }
                         }
                     }
@@ -296,7 +300,16 @@ mod tests {
                 let q: Vec<f32> = (0..s * heads * d).map(|i| val(i, 1)).collect();
                 let k: Vec<f32> = (0..n * kv * d).map(|i| val(i, 2)).collect();
                 let v: Vec<f32> = (0..n * kv * d).map(|i| val(i, 3)).collect();
-                let got = attention(&cfg, layer, &q, &qpos, &k, &v, &kpos);
+                let by_head = |x: &[f32]| -> Vec<Vec<f32>> {
+                    (0..kv)
+                        .map(|g| {
+                            (0..n)
+                                .flat_map(|j| x[(j * kv + g) * d..][..d].to_vec())
+                                .collect()
+                        })
+                        .collect()
+                };
+                let got = attention(&cfg, layer, &q, &qpos, &by_head(&k), &by_head(&v), &kpos);
                 let want = attention_f64(&cfg, layer, &q, &qpos, &k, &v, &kpos);
                 for (g, w) in got.iter().zip(&want) {
                     assert!(

@@ -354,6 +354,18 @@ fn the_model_bench_prints_the_fields_scripts_check() {
             .unwrap_or_else(|| panic!("`{key}` in {out}"));
         assert!(x.is_finite() && x > 0.0, "{key} = {x}");
     }
+    // The step's parts: three traced kernel kinds, each a positive time, and the rest.
+    let parts = &v["decode_step_ms"];
+    for key in ["lm_head", "moe", "dense_mlp"] {
+        let x = parts[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("`{key}` in {parts}"));
+        assert!(x.is_finite() && x > 0.0, "{key} = {x}");
+    }
+    assert!(
+        parts["rest"].as_f64().is_some_and(f64::is_finite),
+        "{parts}"
+    );
     assert_eq!(v["prompt_tokens"], 512);
 }
 

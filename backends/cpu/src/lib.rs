@@ -7,19 +7,23 @@
 
 pub mod activation;
 pub mod amx;
+pub mod axpy;
 pub mod bandwidth;
 pub mod dot;
 pub mod element;
 pub mod gemm;
 pub mod isa;
 pub mod memory;
+pub mod pool;
 pub mod schedule;
 
 pub use activation::{gelu_tanh, softcap};
+pub use axpy::axpy;
 pub use dot::{dot, dot_f32_w, dot4};
 pub use element::Element;
 pub use gemm::gemm_nt;
 pub use isa::{Isa, isa};
+pub use pool::on_pool;
 pub use schedule::{
     Grid, SharedOut, clip, dense_routes, gather_rows, group_by_expert, matvec_segments, part,
 };

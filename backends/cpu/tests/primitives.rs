@@ -2,7 +2,7 @@
 //! with `MOEK_CPU_ISA=portable` too). Lengths cover SIMD tails.
 
 use half::{bf16, f16};
-use moek_cpu::{Element, dot, dot_f32_w, dot4, gemm_nt};
+use moek_cpu::{Element, axpy, dot, dot_f32_w, dot4, gemm_nt};
 use proptest::prelude::*;
 
 /// f32 accumulation of n products of values in [-1, 1]: error grows like sqrt(n) * 2^-24 per term
@@ -88,6 +88,21 @@ proptest! {
         check::<f32>(&a, &b);
         check::<f16>(&a, &b);
         check::<bf16>(&a, &b);
+    }
+
+    /// One multiply-add per element: at most two f32 roundings (product, then sum; one where it
+    /// is fused), each half a unit in the last place of at most twice the larger magnitude.
+    #[test]
+    fn axpy_matches_f64(a in -4f32..4.0, v in prop::collection::vec((-1f32..1.0, -1f32..1.0), 0..100)) {
+        let (x, y0): (Vec<f32>, Vec<f32>) = v.into_iter().unzip();
+        let mut y = y0.clone();
+        axpy(a, &x, &mut y);
+        for i in 0..x.len() {
+            let want = f64::from(y0[i]) + f64::from(a) * f64::from(x[i]);
+            let scale = f64::from(y0[i]).abs().max((f64::from(a) * f64::from(x[i])).abs());
+            prop_assert!((f64::from(y[i]) - want).abs() <= scale * 2f64.powi(-22) + 2f64.powi(-126),
+                "axpy [{i}]: {} vs {want}", y[i]);
+        }
     }
 
     #[test]

@@ -135,22 +135,23 @@ pub fn measure(iters: usize) -> Result<Figures, CommandError> {
 
     let shape = geometry::DECODE;
     let mut case = Case::<bf16>::new(Op::ExpertFfn, shape, 1);
-    let route_sets: Vec<(Vec<u32>, Vec<f32>)> = (0..iters as u64)
-        .map(|i| routes(1, 8, 128, 100 + i))
-        .collect();
     let bytes = 8.0 * 3.0 * 704.0 * 2816.0 * 2.0;
-    let time_decode = |case: &mut Case<bf16>, f: CpuFn<bf16>| {
-        let mut out = vec![0f32; 2816];
-        median(route_sets.iter().map(|(idx, w)| {
-            (case.idx, case.weights) = (idx.clone(), w.clone());
-            let inputs = case.inputs();
-            let start = Instant::now();
-            f(&shape, &inputs, &mut out);
-            start.elapsed().as_secs_f64()
-        }))
-    };
-    let decode_s = time_decode(&mut case, decode.cpu.bf16.expect("bf16 decode"));
-    let unblocked_s = time_decode(&mut case, unblocked.cpu.bf16.expect("bf16 general"));
+    // The two decode variants take turns, call by call, each on routes no call used before: the
+    // order of measurement (warm caches, a quiet moment) favours neither.
+    let fns: [CpuFn<bf16>; 2] = [
+        decode.cpu.bf16.expect("bf16 decode"),
+        unblocked.cpu.bf16.expect("bf16 general"),
+    ];
+    let mut times = [vec![], vec![]];
+    let mut out = vec![0f32; 2816];
+    for i in 0..2 * iters {
+        (case.idx, case.weights) = routes(1, 8, 128, 100 + i as u64);
+        let inputs = case.inputs();
+        let start = Instant::now();
+        fns[i % 2](&shape, &inputs, &mut out);
+        times[i % 2].push(start.elapsed().as_secs_f64());
+    }
+    let [decode_s, unblocked_s] = times.map(|t| median(t.into_iter()));
 
     let pshape = geometry::PREFILL;
     (case.x, case.shape) = (moek_kernels::testing::uniform(512 * 2816, 5, 1.0), pshape);

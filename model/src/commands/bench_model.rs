@@ -34,6 +34,8 @@ pub struct ModelFigures {
     pub decode_ceiling_tokens_per_s: f64,
     /// bytes per decode step / measured read bandwidth, over the measured step time.
     pub decode_bandwidth_ratio: f64,
+    /// Where a decode step's time goes.
+    pub decode_step_ms: StepParts,
     pub moe_decode_ms_per_layer: f64,
     /// Bytes of one layer's MoE block per decode step (router and eight experts).
     pub moe_decode_bytes_per_layer: f64,
@@ -44,6 +46,16 @@ pub struct ModelFigures {
     pub read_bandwidth_gbs: f64,
     pub peak_rss_bytes: u64,
     pub weights_bytes: u64,
+}
+
+/// Median milliseconds per decode step by what ran, all layers together: the traced kernels, and
+/// the rest of the step (attention, norms, the router: CPU code outside the kernels).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StepParts {
+    pub lm_head: f64,
+    pub moe: f64,
+    pub dense_mlp: f64,
+    pub rest: f64,
 }
 
 pub fn run(args: &BenchArgs, layers: usize) -> Result<ExitCode, CommandError> {
@@ -79,6 +91,12 @@ pub fn run(args: &BenchArgs, layers: usize) -> Result<ExitCode, CommandError> {
                 f.decode_ceiling_tokens_per_s,
                 f.decode_bandwidth_ratio * 100.0,
             );
+            let p = &f.decode_step_ms;
+            println!(
+                "decode step: LM head {:.1} ms, MoE {:.1} ms, dense MLP {:.1} ms, the rest \
+                 (attention, norms, router) {:.1} ms",
+                p.lm_head, p.moe, p.dense_mlp, p.rest
+            );
             println!(
                 "MoE decode: {:.3} ms per layer per token for {:.1} MB -> floor {:.3} ms, {:.0}% of \
                  read bandwidth",
@@ -98,13 +116,17 @@ pub fn run(args: &BenchArgs, layers: usize) -> Result<ExitCode, CommandError> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn moe_seconds(trace: &[Trace]) -> f64 {
+/// Seconds the traced kernels of kind `what` took in one forward.
+fn seconds_of(trace: &[Trace], what: &str) -> f64 {
     trace
         .iter()
-        .filter(|t| t.what == "moe")
+        .filter(|t| t.what == what)
         .map(|t| t.seconds)
         .sum()
 }
+
+/// The traced kernels a decode step's time is split into ([`StepParts`]).
+const PARTS: [&str; 3] = ["lm_head", "moe", "dense_mlp"];
 
 pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandError> {
     let backend = match args.backend {
@@ -137,7 +159,7 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
         let start = Instant::now();
         let last = model.forward(&prompt, &mut cache, Head::Last, &mut trace)?;
         prefill.push(start.elapsed().as_secs_f64());
-        moe_prefill.push(moe_seconds(&trace));
+        moe_prefill.push(seconds_of(&trace, "moe"));
         state = Some((cache, last));
     }
     let (mut cache, mut last) = state.expect("at least one prefill");
@@ -145,15 +167,27 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
     let steps = args.iters.max(3);
     let mut samples = vec![];
     let mut moe = vec![];
+    let mut parts: [Vec<f64>; PARTS.len()] = Default::default();
     for _ in 0..steps {
         let next = crate::generate::argmax(&last[0]);
         trace.clear();
         let start = Instant::now();
         last = model.forward(&[next], &mut cache, Head::Last, &mut trace)?;
         samples.push(start.elapsed().as_secs_f64());
-        moe.push(moe_seconds(&trace) / layers as f64);
+        moe.push(seconds_of(&trace, "moe") / layers as f64);
+        for (p, what) in parts.iter_mut().zip(PARTS) {
+            p.push(seconds_of(&trace, what));
+        }
     }
+
     let step_s = median(samples.into_iter());
+    let [lm_head, moe_all, dense_mlp] = parts.map(|p| median(p.into_iter()) * 1e3);
+    let decode_step_ms = StepParts {
+        lm_head,
+        moe: moe_all,
+        dense_mlp,
+        rest: step_s * 1e3 - lm_head - moe_all - dense_mlp,
+    };
     let moe_s = median(moe.into_iter());
     let work = Work::of(cfg, prompt.len());
     let isa = moek_cpu::isa();
@@ -173,6 +207,7 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
         decode_tokens_per_s: 1.0 / step_s,
         decode_ceiling_tokens_per_s: read_bandwidth / work.decode_bytes,
         decode_bandwidth_ratio: work.decode_bytes / read_bandwidth / step_s,
+        decode_step_ms,
         moe_decode_ms_per_layer: moe_s * 1e3,
         moe_decode_bytes_per_layer: work.moe_decode_bytes,
         moe_decode_bandwidth_ratio: work.moe_decode_bytes / read_bandwidth / moe_s,

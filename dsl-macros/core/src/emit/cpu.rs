@@ -55,8 +55,11 @@ pub fn function(k: &Kernel) -> TokenStream {
             let ::moek_kernels::__private::Inputs::#variant { #fields } = *inputs else {
                 panic!("kernel `{}` runs {} and was given other inputs", #name, stringify!(#variant))
             };
-            #dims
-            #body
+            // The parallel loops are joined from a worker (see `moek_cpu::pool`).
+            cpu::on_pool(move || {
+                #dims
+                #body
+            })
         }
     }
 }
