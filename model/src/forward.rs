@@ -391,14 +391,14 @@ impl<W: Float> Model<'_, W> {
             positions.len(),
         );
         let inv = ops::inv_freq(&layer.rope, d);
-        let mut q = linear(xn, s, &lw.q, nh * d, hd);
+        // q, k and v (where the layer has its own) in one parallel loop.
+        let mut mats: Vec<(&[W], usize)> = vec![(&lw.q, nh * d), (&lw.k, kv * d)];
+        mats.extend(lw.v.as_deref().map(|wv| (wv, kv * d)));
+        let mut qkv = ops::linears(xn, s, &mats, hd).into_iter();
+        let (mut q, k_raw) = (qkv.next().expect("q"), qkv.next().expect("k"));
+        let mut v = qkv.next().unwrap_or_else(|| k_raw.clone());
         rms_norm(&mut q, d, Some(&lw.q_norm), cfg.eps);
         ops::rope(&mut q, d, positions, &inv);
-        let k_raw = linear(xn, s, &lw.k, kv * d, hd);
-        let mut v = match &lw.v {
-            Some(wv) => linear(xn, s, wv, kv * d, hd),
-            None => k_raw.clone(),
-        };
         rms_norm(&mut v, d, None, cfg.eps);
         let mut k = k_raw;
         rms_norm(&mut k, d, Some(&lw.k_norm), cfg.eps);

@@ -37,24 +37,45 @@ pub fn to_w<W: Elem>(x: &[f32]) -> Vec<W> {
 /// `y[t, o] = x[t, :] . w[o, :]` for `rows` rows of `x` (`[rows, inp]`, rounded to `W`) and
 /// `w` `[out, inp]`. Output rows are cut across threads; each dot is one f32 sum.
 pub fn linear<W: Float>(x: &[f32], rows: usize, w: &[W], out: usize, inp: usize) -> Vec<f32> {
+    let mut ys = linears(x, rows, &[(w, out)], inp);
+    ys.pop().expect("one matrix in, one result out")
+}
+
+/// [`linear`] for several matrices `(w, out)` applied to the same `x`, in one parallel loop: `x`
+/// is rounded once, and the column blocks of all the matrices are the loop's work units, so the
+/// workers go from one matrix straight to the next without waiting for each other in between
+/// (attention's q, k and v projections).
+pub fn linears<W: Float>(
+    x: &[f32],
+    rows: usize,
+    ws: &[(&[W], usize)],
+    inp: usize,
+) -> Vec<Vec<f32>> {
     debug_assert_eq!(x.len(), rows * inp);
-    debug_assert_eq!(w.len(), out * inp);
     let a = to_w::<W>(x);
-    let mut y = vec![0f32; rows * out];
-    // Column blocks of the output, each a GEMM over all rows: a few per thread, so a GEMM packs
+    // Column blocks of the outputs, each a GEMM over all rows: a few per thread, so a GEMM packs
     // its rows of activations a few times per call, and a streamed weight is read in long runs.
     let per_thread = if rows < moek_cpu::gemm::STREAM_ROWS {
         2
     } else {
         4
     };
-    let cols = out
+    let total: usize = ws.iter().map(|w| w.1).sum();
+    let cols = total
         .div_ceil(per_thread * rayon::current_num_threads())
         .next_multiple_of(64);
-    let mut blocks: Vec<(usize, Vec<f32>)> = (0..out.div_ceil(cols))
-        .into_par_iter()
-        .map(|b| {
-            let (c0, c1) = (b * cols, ((b + 1) * cols).min(out));
+    let blocks: Vec<(usize, usize, usize)> = ws
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &(_, out))| {
+            (0..out.div_ceil(cols)).map(move |b| (i, b * cols, ((b + 1) * cols).min(out)))
+        })
+        .collect();
+    let results: Vec<Vec<f32>> = blocks
+        .par_iter()
+        .map(|&(i, c0, c1)| {
+            let w = ws[i].0;
+            debug_assert_eq!(w.len(), ws[i].1 * inp);
             let mut c = vec![0f32; rows * (c1 - c0)];
             moek_cpu::gemm_nt(
                 &a,
@@ -67,16 +88,17 @@ pub fn linear<W: Float>(x: &[f32], rows: usize, w: &[W], out: usize, inp: usize)
                 c1 - c0,
                 inp,
             );
-            (c0, c)
+            c
         })
         .collect();
-    for (c0, c) in blocks.drain(..) {
-        let n = c.len() / rows;
+    let mut ys: Vec<Vec<f32>> = ws.iter().map(|&(_, out)| vec![0f32; rows * out]).collect();
+    for (&(i, c0, c1), c) in blocks.iter().zip(&results) {
+        let (out, n) = (ws[i].1, c1 - c0);
         for t in 0..rows {
-            y[t * out + c0..t * out + c0 + n].copy_from_slice(&c[t * n..(t + 1) * n]);
+            ys[i][t * out + c0..][..n].copy_from_slice(&c[t * n..(t + 1) * n]);
         }
     }
-    y
+    ys
 }
 
 /// Inverse frequencies of a layer's RoPE: `theta^(-2j/d) / factor` for the rotated pairs, 0 for

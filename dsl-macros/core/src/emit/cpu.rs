@@ -5,6 +5,8 @@
 //! across units is completed by adding the units' partials in part order; route owners write one
 //! slot each and the K-axis combine adds routes in route order. Sums therefore never depend on the
 //! thread count. Arithmetic is f32; GEMM paths store the gate/up activation in the weight dtype.
+//! A gathered expert FFN whose two phases are cut only by tokens and routes, the same way, runs
+//! each unit's routes through both phases back to back (same terms, same order, no barrier).
 
 use crate::ir::{Blocks, DimName, Kernel, Op, Phase, Selection};
 use proc_macro2::{Literal, TokenStream};
@@ -21,6 +23,7 @@ pub fn function(k: &Kernel) -> TokenStream {
             let phase = gather_down(k, Phase::All, quote!(act));
             quote! { #phase None }
         }
+        (Op::ExpertFfn, Selection::Gather) if route_owned(k) => gather_route_owned(k),
         (Op::ExpertFfn, Selection::Gather) => {
             let n = quote!(t_n * r_n * f_n);
             let gu = gather_gate_up(k, Phase::GateUp, quote!(&mut act));
@@ -136,12 +139,16 @@ fn blocks(b: Option<&Blocks>, dim: DimName) -> TokenStream {
 }
 
 /// Parts of `dim` in `phase`'s core split (1 when not split).
-fn parts(k: &Kernel, phase: Phase, dim: DimName) -> Literal {
-    lit(k
-        .cores_for(phase)
+fn parts_of(k: &Kernel, phase: Phase, dim: DimName) -> usize {
+    k.cores_for(phase)
         .iter()
         .find(|s| s.dim == dim)
-        .map_or(1, |s| s.parts))
+        .map_or(1, |s| s.parts)
+}
+
+/// [`parts_of`] as a literal.
+fn parts(k: &Kernel, phase: Phase, dim: DimName) -> Literal {
+    lit(parts_of(k, phase, dim))
 }
 
 /// Gate/up over gathered routes: units T x R x F x H; writes `gelu(g) * u` to `dst` `[T, R, F]`.
@@ -203,6 +210,83 @@ fn gather_gate_up(k: &Kernel, phase: Phase, dst: TokenStream) -> TokenStream {
                 a[j] = cpu::gelu_tanh(g) * u;
             }
         });
+    }
+}
+
+/// Whether both phases of a gathered expert FFN are cut only by tokens and routes, identically:
+/// then each unit owns whole routes in both phases, and a route's down needs nothing but its own
+/// activation.
+fn route_owned(k: &Kernel) -> bool {
+    let owned = |phase| {
+        k.cores_for(phase)
+            .iter()
+            .all(|s| matches!(s.dim, DimName::T | DimName::R))
+    };
+    owned(Phase::GateUp)
+        && owned(Phase::Down)
+        && [DimName::T, DimName::R]
+            .iter()
+            .all(|&d| parts_of(k, Phase::GateUp, d) == parts_of(k, Phase::Down, d))
+}
+
+/// A gathered expert FFN whose units own whole routes in both phases: each unit runs gate/up,
+/// the epilogue and down for its routes back to back (no barrier between the phases: a route's
+/// down reads only its own activation), then the K-axis combine. The arithmetic is the two-phase
+/// emission's, term for term.
+fn gather_route_owned(k: &Kernel) -> TokenStream {
+    let (pt, pr) = (
+        parts(k, Phase::GateUp, DimName::T),
+        parts(k, Phase::GateUp, DimName::R),
+    );
+    let h_blocks = blocks(k.reduce_blocks(DimName::H), DimName::H);
+    let f_blocks = blocks(k.reduce_blocks(DimName::F), DimName::F);
+    let h_cols = blocks(k.column_blocks(DimName::H), DimName::H);
+    quote! {
+        // Route owners: gate/up (H in declared blocks), gelu_tanh(g) * u, then down (H in
+        // column blocks, F in declared blocks) for each of their routes, banks read in place.
+        let grid = cpu::Grid::new([(t_n, #pt), (r_n, #pr)]);
+        let h_blocks: &[(usize, usize)] = #h_blocks;
+        let f_blocks: &[(usize, usize)] = #f_blocks;
+        let h_cols: &[(usize, usize)] = #h_cols;
+        let mut y = vec![0f32; t_n * r_n * h_n];
+        {
+            let shared = cpu::SharedOut::new(&mut y);
+            (0..grid.units()).into_par_iter().for_each(|unit| {
+                let [tr, rr] = grid.ranges(unit);
+                let (mut g, mut u, mut a) = (vec![0f32; f_n], vec![0f32; f_n], vec![0f32; f_n]);
+                for t in tr {
+                    let xt = &x[t * h_n..(t + 1) * h_n];
+                    for r in rr.clone() {
+                        let slot = t * r_n + r;
+                        let e = idx[slot] as usize;
+                        let bank = &gate_up[e * 2 * f_n * h_n..(e + 1) * 2 * f_n * h_n];
+                        cpu::matvec_segments(xt, bank, h_n, 0..f_n, h_blocks, &mut g);
+                        cpu::matvec_segments(xt, &bank[f_n * h_n..], h_n, 0..f_n, h_blocks, &mut u);
+                        for j in 0..f_n {
+                            a[j] = cpu::gelu_tanh(g[j]) * u[j];
+                        }
+                        let bank = &down[e * h_n * f_n..(e + 1) * h_n * f_n];
+                        for &(c0, c1) in h_cols {
+                            // SAFETY: this unit owns route slot `slot`.
+                            let yv = unsafe { shared.slice(slot * h_n + c0, c1 - c0) };
+                            cpu::matvec_segments(&a, bank, f_n, c0..c1, f_blocks, yv);
+                        }
+                    }
+                }
+            });
+        }
+        // K-axis combine: routes in route order.
+        out[..t_n * h_n].par_chunks_mut(h_n).enumerate().for_each(|(t, o)| {
+            o.fill(0.0);
+            for r in 0..r_n {
+                let slot = t * r_n + r;
+                let w = weights[slot];
+                for (o, y) in o.iter_mut().zip(&y[slot * h_n..(slot + 1) * h_n]) {
+                    *o += w * y;
+                }
+            }
+        });
+        None
     }
 }
 
@@ -517,9 +601,7 @@ fn lm_head_row(k: &Kernel) -> TokenStream {
                     // SAFETY: this unit owns vocabulary rows c0..c1.
                     let o = unsafe { shared.slice(c0, c1 - c0) };
                     cpu::matvec_segments(last, emb, h_n, c0..c1, h_blocks, o);
-                    for v in o.iter_mut() {
-                        *v = cpu::softcap(*v, softcap);
-                    }
+                    cpu::softcap_slice(o, softcap);
                 }
             });
         }
