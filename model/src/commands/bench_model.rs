@@ -166,7 +166,6 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
     let prefill_s = median(prefill.into_iter());
     let steps = args.iters.max(3);
     let mut samples = vec![];
-    let mut moe = vec![];
     let mut parts: [Vec<f64>; PARTS.len()] = Default::default();
     for _ in 0..steps {
         let next = crate::generate::argmax(&last[0]);
@@ -174,7 +173,6 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
         let start = Instant::now();
         last = model.forward(&[next], &mut cache, Head::Last, &mut trace)?;
         samples.push(start.elapsed().as_secs_f64());
-        moe.push(seconds_of(&trace, "moe") / layers as f64);
         for (p, what) in parts.iter_mut().zip(PARTS) {
             p.push(seconds_of(&trace, what));
         }
@@ -188,7 +186,8 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
         dense_mlp,
         rest: step_s * 1e3 - lm_head - moe_all - dense_mlp,
     };
-    let moe_s = median(moe.into_iter());
+    // The MoE blocks of all layers, per layer.
+    let moe_s = moe_all / 1e3 / layers as f64;
     let work = Work::of(cfg, prompt.len());
     let isa = moek_cpu::isa();
     let threads = rayon::current_num_threads();

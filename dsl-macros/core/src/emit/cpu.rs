@@ -241,6 +241,7 @@ fn gather_route_owned(k: &Kernel) -> TokenStream {
     let h_blocks = blocks(k.reduce_blocks(DimName::H), DimName::H);
     let f_blocks = blocks(k.reduce_blocks(DimName::F), DimName::F);
     let h_cols = blocks(k.column_blocks(DimName::H), DimName::H);
+    let combine = combine_routes(quote!(y));
     quote! {
         // Route owners: gate/up (H in declared blocks), gelu_tanh(g) * u, then down (H in
         // column blocks, F in declared blocks) for each of their routes, banks read in place.
@@ -275,18 +276,26 @@ fn gather_route_owned(k: &Kernel) -> TokenStream {
                 }
             });
         }
+        #combine
+        None
+    }
+}
+
+/// The K-axis combine `out[t] = sum_r w[t,r] * rows[t * R + r]` over one `[H]` row per route
+/// slot (`rows`, the buffer's name), routes added in route order.
+fn combine_routes(rows: TokenStream) -> TokenStream {
+    quote! {
         // K-axis combine: routes in route order.
         out[..t_n * h_n].par_chunks_mut(h_n).enumerate().for_each(|(t, o)| {
             o.fill(0.0);
             for r in 0..r_n {
                 let slot = t * r_n + r;
                 let w = weights[slot];
-                for (o, y) in o.iter_mut().zip(&y[slot * h_n..(slot + 1) * h_n]) {
+                for (o, y) in o.iter_mut().zip(&#rows[slot * h_n..(slot + 1) * h_n]) {
                     *o += w * y;
                 }
             }
         });
-        None
     }
 }
 
@@ -501,6 +510,7 @@ fn dense_persistent(k: &Kernel) -> TokenStream {
 /// Tokens grouped by expert (data-dependent sizes): one GEMM pair per expert, experts as work
 /// units, then the K-axis combine in route order.
 fn grouped(k: &Kernel) -> TokenStream {
+    let combine = combine_routes(quote!(ys));
     let h_blocks = blocks(k.reduce_blocks(DimName::H), DimName::H);
     let f_blocks = blocks(k.reduce_blocks(DimName::F), DimName::F);
     let h_cols = blocks(k.column_blocks(DimName::H), DimName::H);
@@ -543,17 +553,7 @@ fn grouped(k: &Kernel) -> TokenStream {
                 }
             });
         }
-        // K-axis combine: routes in route order.
-        out[..t_n * h_n].par_chunks_mut(h_n).enumerate().for_each(|(t, o)| {
-            o.fill(0.0);
-            for r in 0..r_n {
-                let slot = t * r_n + r;
-                let w = weights[slot];
-                for (o, y) in o.iter_mut().zip(&ys[slot * h_n..(slot + 1) * h_n]) {
-                    *o += w * y;
-                }
-            }
-        });
+        #combine
         None
     }
 }
