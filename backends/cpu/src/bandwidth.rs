@@ -5,7 +5,9 @@ use std::time::Instant;
 
 /// Reads a buffer of `bytes` (much larger than the caches) with every rayon thread, `reps`
 /// times, and returns the best rate in bytes per second. The buffer lives in huge pages, as the
-/// weights do ([`crate::memory`]): the probe measures the memory, not the TLB.
+/// weights do ([`crate::memory`]), and each thread reads its chunks front to back with the
+/// stream prefetched ahead, as the kernels read weights ([`crate::dot::dot_rows`]): the probe
+/// measures the memory, not the TLB or one core's prefetcher, so a kernel cannot outrun it.
 pub fn read_bandwidth(bytes: usize, reps: usize) -> f64 {
     let mut words = crate::memory::huge_vec::<u64>(bytes / 8);
     words.fill(1);
@@ -20,12 +22,34 @@ fn read_pass(words: &[u64]) -> f64 {
     let sum: u64 = crate::on_pool(|| {
         words
             .par_chunks(1 << 16)
-            .map(|c| c.iter().fold(0u64, |s, &w| s.wrapping_add(w)))
+            .map(read_chunk)
             .reduce(|| 0, u64::wrapping_add)
     });
     let secs = start.elapsed().as_secs_f64();
     std::hint::black_box(sum);
     std::mem::size_of_val(words) as f64 / secs
+}
+
+/// How far ahead of the word being summed [`read_chunk`] prefetches (4 KiB measured best for
+/// this plain sum; the kernels' longer distance reads slightly slower here).
+const AHEAD_WORDS: usize = 4096 / 8;
+
+/// The wrapping sum of `words`, one cache line (8 words, 8 lanes) per step, prefetching ahead.
+fn read_chunk(words: &[u64]) -> u64 {
+    let mut lanes = [0u64; 8];
+    let lines = words.chunks_exact(8);
+    let tail = lines
+        .remainder()
+        .iter()
+        .fold(0u64, |s, &w| s.wrapping_add(w));
+    for (i, line) in lines.enumerate() {
+        let ahead = (i * 8 + AHEAD_WORDS).min(words.len() - 1);
+        crate::memory::prefetch(words[ahead..].as_ptr());
+        for (l, &w) in lanes.iter_mut().zip(line) {
+            *l = l.wrapping_add(w);
+        }
+    }
+    lanes.iter().fold(tail, |s, &w| s.wrapping_add(w))
 }
 
 #[cfg(test)]
@@ -37,5 +61,11 @@ mod tests {
         let data = vec![3u64; (1 << 20) + 3];
         let rate = read_pass(&data);
         assert!(rate.is_finite() && rate > 0.0, "rate {rate}");
+    }
+
+    #[test]
+    fn a_chunk_sums_every_word() {
+        let words: Vec<u64> = (1..=1003).collect();
+        assert_eq!(read_chunk(&words), 1003 * 1004 / 2);
     }
 }

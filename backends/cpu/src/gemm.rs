@@ -9,7 +9,7 @@
 //! dot products, four weight rows at a time. Paths differ in summation order only (each is one
 //! f32 sum per output; the primitive tests bound every path against an f64 sum).
 
-use crate::dot::dotn_segments;
+use crate::dot::{dot_rows, dotn_segments};
 use crate::element::{Element, Kind, bits16, kind};
 use crate::isa::{Isa, isa};
 
@@ -63,7 +63,8 @@ fn tile_rows<const N: usize>(ld: usize, i: usize, count: usize) -> [usize; N] {
     std::array::from_fn(|t| (i + t.min(count - 1)) * ld)
 }
 
-/// Dot products, four rows of `b` at a time against each row of `a`, the next four prefetched:
+/// Dot products, four rows of `b` at a time against each row of `a`, the next four prefetched
+/// (one row of `a`: [`dot_rows`], one row of `b` at a time):
 /// the portable path, and the streaming one for fewer than [`STREAM_ROWS`] rows (decode), where
 /// each weight is used too few times to pay for widening or packing it.
 #[allow(clippy::too_many_arguments)]
@@ -78,6 +79,10 @@ fn by_dots<W: Element>(
     n: usize,
     k: usize,
 ) {
+    if m == 1 {
+        // One activation row shares nothing between weight rows: stream them one at a time.
+        return dot_rows(&a[..k], b, ldb, 0..n, &[(0, k)], |j, v| c[j] += v);
+    }
     for j0 in (0..n).step_by(TILE) {
         let nj = TILE.min(n - j0);
         let boff = tile_rows::<TILE>(ldb, j0, nj);

@@ -15,6 +15,19 @@ pub fn huge_vec<T: Copy + Default>(len: usize) -> Vec<T> {
     v
 }
 
+/// Asks the CPU to start loading the cache line at `p` into L1: a hint that reads nothing and
+/// never faults, whatever the address (elsewhere than x86_64, nothing).
+#[inline(always)]
+pub fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is part of every x86_64 CPU, and a prefetch does not access memory.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// Asks for huge pages on the whole 2 MiB pages inside `bytes` bytes at `ptr` (a hint; errors
 /// only mean small pages).
 fn advise_huge(ptr: *mut u8, bytes: usize) {

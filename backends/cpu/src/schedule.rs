@@ -1,7 +1,7 @@
 //! The small vocabulary generated code uses to follow a schedule: grids of work units, blocks
 //! clipped to a unit's range, disjoint output writes, routes grouped by expert.
 
-use crate::dot::dotn_segments;
+use crate::dot::dot_rows;
 use crate::element::Element;
 use std::ops::Range;
 
@@ -115,8 +115,7 @@ impl SharedOut<'_> {
 /// `out[j - rows.start] = sum over segs (in order) of x[seg] . mat[j*ld + seg]` for `j` in `rows`.
 ///
 /// Each segment's partial is a complete dot product added to the running sum in declared order.
-/// Rows go four at a time (x is read once per four rows), each row's segments in turn, so the
-/// matrix is read front to back.
+/// Rows are read one at a time, front to back ([`dot_rows`]).
 pub fn matvec_segments<A: Element, W: Element>(
     x: &[A],
     mat: &[W],
@@ -126,23 +125,8 @@ pub fn matvec_segments<A: Element, W: Element>(
     out: &mut [f32],
 ) {
     assert_eq!(out.len(), rows.len(), "matvec output length");
-    let mut j = rows.start;
-    while j < rows.end {
-        let n = 4.min(rows.end - j);
-        let r: [&[W]; 4] = std::array::from_fn(|q| {
-            let row = j + q.min(n - 1);
-            &mat[row * ld..row * ld + x.len()]
-        });
-        let next = (j + 4 < rows.end).then(|| {
-            std::array::from_fn(|q| {
-                let row = (j + 4 + q).min(rows.end - 1);
-                &mat[row * ld..row * ld + x.len()]
-            })
-        });
-        let sum = dotn_segments::<A, W, 4>(x, r, segs, next);
-        out[j - rows.start..j - rows.start + n].copy_from_slice(&sum[..n]);
-        j += n;
-    }
+    let start = rows.start;
+    dot_rows(x, mat, ld, rows, segs, |j, v| out[j - start] = v);
 }
 
 /// For each expert, the route slots `t * routes + r` that chose it, in slot order.

@@ -2,7 +2,7 @@
 //! with `MOEK_CPU_ISA=portable` too). Lengths cover SIMD tails.
 
 use half::{bf16, f16};
-use moek_cpu::{Element, axpy, dot, dot_f32_w, dot4, gemm_nt};
+use moek_cpu::{Element, axpy, dot, dot_f32_w, dot4, gemm_nt, matvec_segments};
 use proptest::prelude::*;
 
 /// f32 accumulation of n products of values in [-1, 1]: error grows like sqrt(n) * 2^-24 per term
@@ -146,4 +146,31 @@ fn results_do_not_depend_on_the_row_grouping() {
     let single = dot(&a, &b);
     let four = dot4(&a, [&b, &b, &b, &b]);
     assert!(four.iter().all(|&x| x.to_bits() == single.to_bits()));
+}
+
+/// The matrix-vector product reads rows one at a time with the stream prefetched ahead: each
+/// output is the row's segment sums added in order, bit for bit what one dot product per segment
+/// gives, for any row range (the prefetch stops at the range's last row, even in a matrix far
+/// shorter than the prefetch distance) and rows with gaps between them (`ld > k`).
+#[test]
+fn matvec_rows_are_segment_sums_in_order() {
+    let (k, ld, n) = (2816, 2821, 40);
+    let fill = |len: usize, m: usize| -> Vec<bf16> {
+        (0..len)
+            .map(|i| bf16::from_f32(((i * m % 29) as f32 - 14.0) / 9.0))
+            .collect()
+    };
+    let (x, mat) = (fill(k, 7), fill((n - 1) * ld + k, 11));
+    let segs = [(0, 704), (704, 1408), (1408, 2112), (2112, 2816)];
+    for rows in [0..n, 3..17, n - 1..n, 5..5] {
+        let mut out = vec![f32::NAN; rows.len()];
+        matvec_segments(&x, &mat, ld, rows.clone(), &segs, &mut out);
+        for (j, got) in rows.zip(out) {
+            let row = &mat[j * ld..j * ld + k];
+            let want = segs
+                .iter()
+                .fold(0f32, |s, &(a, b)| s + dot(&x[a..b], &row[a..b]));
+            assert_eq!(got.to_bits(), want.to_bits(), "row {j}: {got} vs {want}");
+        }
+    }
 }

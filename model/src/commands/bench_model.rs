@@ -43,7 +43,10 @@ pub struct ModelFigures {
     pub moe_decode_bandwidth_ratio: f64,
     pub moe_prefill_ms_per_token_layer: f64,
     pub bytes_per_decode_step: f64,
+    /// The better of the probes before and after the timed work.
     pub read_bandwidth_gbs: f64,
+    /// Both probes, before and after (how much the machine drifted during the run).
+    pub read_bandwidth_probes_gbs: [f64; 2],
     pub peak_rss_bytes: u64,
     pub weights_bytes: u64,
 }
@@ -68,8 +71,10 @@ pub fn run(args: &BenchArgs, layers: usize) -> Result<ExitCode, CommandError> {
                 f.geometry, f.layers, f.backend, f.isa, f.threads
             );
             println!(
-                "read bandwidth (same run): {:.1} GB/s",
-                f.read_bandwidth_gbs
+                "read bandwidth (same run): {:.1} GB/s, the better of probes before ({:.1}) and after ({:.1})",
+                f.read_bandwidth_gbs,
+                f.read_bandwidth_probes_gbs[0],
+                f.read_bandwidth_probes_gbs[1]
             );
             println!(
                 "prefill {} tokens (median of {}): {:.1} tokens/s, {:.0} GFLOP/s = {:.0}% of the ISA's \
@@ -133,7 +138,7 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
         super::bench::BenchBackend::Cpu => BackendArg::Cpu,
         super::bench::BenchBackend::Wgpu => BackendArg::Wgpu,
     };
-    let read_bandwidth = moek_cpu::bandwidth::read_bandwidth(1 << 30, 5);
+    let probe_before = super::bench::probe_bandwidth();
     let cfg = crate::tiny::gemma4_26b(layers);
     let weights = crate::tiny::weights::<bf16>(&cfg);
     let weights_bytes = weights.bytes() as u64;
@@ -178,6 +183,10 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
         }
     }
 
+    // Peak memory before the second probe allocates its buffer.
+    let peak_rss_bytes = peak_rss();
+    let probe_after = super::bench::probe_bandwidth();
+    let read_bandwidth = probe_before.max(probe_after);
     let step_s = median(samples.into_iter());
     let [lm_head, moe_all, dense_mlp] = parts.map(|p| median(p.into_iter()) * 1e3);
     let decode_step_ms = StepParts {
@@ -215,7 +224,8 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
             * 1e3,
         bytes_per_decode_step: work.decode_bytes,
         read_bandwidth_gbs: read_bandwidth / 1e9,
-        peak_rss_bytes: peak_rss(),
+        read_bandwidth_probes_gbs: [probe_before / 1e9, probe_after / 1e9],
+        peak_rss_bytes,
         weights_bytes,
     })
 }
