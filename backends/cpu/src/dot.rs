@@ -1,4 +1,5 @@
-//! Dot products with f32 accumulation: one row, or four rows against one shared vector.
+//! Dot products with f32 accumulation: one row, four rows against one shared vector, or the rows
+//! of a matrix streamed one after another ([`dot_rows`]).
 //!
 //! Summation order is fixed by the code (lanes, then a fixed tree), so a result depends only on
 //! the inputs and the ISA in use, never on threads or timing.
@@ -31,8 +32,10 @@ pub const PREFETCH_AHEAD: usize = 16 << 10;
 ///
 /// Rows are read one at a time in address order, the stream prefetched [`PREFETCH_AHEAD`] bytes
 /// ahead: the memory sees one sequential read per core, which streams faster than several rows
-/// read side by side (on the AMD Zen 5 machines, 48 against 38 GB/s). Each row's sum is the one
-/// [`dot4`] gives for it, bit for bit.
+/// read side by side (on the AMD Zen 5 machines, 48 against 38 GB/s). The prefetch runs on past
+/// `rows` to the end of `mat`, so a caller that passes the whole matrix and then reads the rows
+/// after `rows` (gate then up, one column block then the next) finds them on their way. Each
+/// row's sum is the one [`dot4`] gives for it, bit for bit.
 pub fn dot_rows<A: Element, W: Element>(
     x: &[A],
     mat: &[W],
@@ -41,12 +44,10 @@ pub fn dot_rows<A: Element, W: Element>(
     segs: &[(usize, usize)],
     mut store: impl FnMut(usize, f32),
 ) {
-    if rows.is_empty() {
-        return;
-    }
-    let (k, ahead) = (x.len(), PREFETCH_AHEAD / std::mem::size_of::<W>());
-    // The last row this call reads starts here; prefetches stop there (never past the range).
-    let last = (rows.end - 1) * ld;
+    let k = x.len();
+    let ahead = PREFETCH_AHEAD / std::mem::size_of::<W>();
+    // The last place a row of `k` elements fits: prefetches stop there, inside `mat`.
+    let last = mat.len().saturating_sub(k);
     for j in rows {
         let at = j * ld;
         let next = (at + ahead).min(last);

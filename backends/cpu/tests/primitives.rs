@@ -150,8 +150,8 @@ fn results_do_not_depend_on_the_row_grouping() {
 
 /// The matrix-vector product reads rows one at a time with the stream prefetched ahead: each
 /// output is the row's segment sums added in order, bit for bit what one dot product per segment
-/// gives, for any row range (the prefetch stops at the range's last row, even in a matrix far
-/// shorter than the prefetch distance) and rows with gaps between them (`ld > k`).
+/// gives, for any row range (the prefetch runs on to the end of the matrix and stops there, even
+/// in a matrix far shorter than the prefetch distance) and rows with gaps between them (`ld > k`).
 #[test]
 fn matvec_rows_are_segment_sums_in_order() {
     let (k, ld, n) = (2816, 2821, 40);

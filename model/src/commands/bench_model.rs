@@ -37,7 +37,8 @@ pub struct ModelFigures {
     /// Where a decode step's time goes.
     pub decode_step_ms: StepParts,
     pub moe_decode_ms_per_layer: f64,
-    /// Bytes of one layer's MoE block per decode step (router and eight experts).
+    /// Bytes of one layer's eight selected experts per decode step: what the timed MoE kernel
+    /// reads (the router's matrix is read before it, timed with the rest of the step).
     pub moe_decode_bytes_per_layer: f64,
     /// moe_decode_bytes_per_layer / measured read bandwidth, over the measured MoE time.
     pub moe_decode_bandwidth_ratio: f64,
@@ -263,7 +264,7 @@ impl Work {
             if let Some(m) = cfg.moe {
                 let experts = (m.top_k * 3 * m.intermediate) as f64 * h;
                 let router = m.experts as f64 * h;
-                moe_decode = (experts + router) * e;
+                moe_decode = experts * e;
                 decode_macs += experts + router;
                 prefill_flops += 2.0 * st * (experts + router);
             }
