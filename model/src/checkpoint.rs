@@ -44,6 +44,17 @@ pub enum LoadError {
     Config(#[from] crate::config::ConfigError),
 }
 
+/// Where a loaded weight matrix lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Residence {
+    /// Read in place from the memory-mapped file: nothing is copied, but the file's 4 KiB pages
+    /// cost a TLB miss each on every pass, so decode streams them slower (docs/performance.md).
+    Mapped,
+    /// Copied into anonymous huge pages at load, tensor by tensor, each tensor's mapped pages
+    /// released once it is copied (resident memory stays near the weights' bytes).
+    HugePages,
+}
+
 /// Where one tensor lies.
 #[derive(Clone, Debug)]
 struct Entry {
@@ -177,6 +188,53 @@ impl Checkpoint {
             Ok(v) => Cow::Borrowed(v),
             Err(_) => Cow::Owned(bytemuck::pod_collect_to_vec(bytes)),
         })
+    }
+
+    /// [`Checkpoint::tensor`], living where `residence` says.
+    pub fn matrix<W: Elem>(
+        &self,
+        names: &[String],
+        shape: &[usize],
+        residence: Residence,
+    ) -> Result<Cow<'_, [W]>, LoadError> {
+        let mapped = self.tensor::<W>(names, shape)?;
+        if residence == Residence::Mapped {
+            return Ok(mapped);
+        }
+        // Copied a chunk at a time, each chunk's mapped pages released once copied: resident
+        // memory never holds more than one chunk twice.
+        const CHUNK_BYTES: usize = 64 << 20;
+        let e = self.find(names)?.1;
+        let mut copy = moek_cpu::memory::huge_capacity::<W>(mapped.len());
+        for (i, chunk) in mapped.chunks(CHUNK_BYTES / size_of::<W>()).enumerate() {
+            copy.extend_from_slice(chunk);
+            let start = e.bytes.start + i * CHUNK_BYTES;
+            self.release(e.shard, start..start + size_of_val(chunk));
+        }
+        Ok(Cow::Owned(copy))
+    }
+
+    /// Unmaps `bytes` of shard `shard`'s map from this process: the file's pages stay in the page
+    /// cache, and a later read of the map faults the same bytes back in. A hint: if it fails, the
+    /// pages merely stay mapped.
+    fn release(&self, shard: usize, bytes: std::ops::Range<usize>) {
+        #[cfg(unix)]
+        {
+            let map = &self.shards[shard].1;
+            // SAFETY: the map is a read-only shared mapping of a file. MADV_DONTNEED only drops
+            // its page-table entries; the next access reads the file's bytes again, unchanged (it
+            // zeroes pages only in private or anonymous mappings, which this is not), so a slice
+            // still borrowing them reads what it read before.
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    bytes.start,
+                    bytes.len(),
+                )
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = (shard, bytes);
     }
 
     /// Tensor `names[0]` (or an alias) with `shape`, widened to f32 from any float dtype (norm

@@ -255,6 +255,23 @@ fn logits_prints_the_last_row_or_every_row_as_json() {
         .map(|r| r["position"].as_u64().unwrap())
         .collect();
     assert_eq!(positions, [0, 1, 2]);
+    // The weights read in place or copied into huge pages: the same logits, to the bit.
+    let by = |weights: &str| {
+        let (ok, out, err) = moek(&[
+            "logits",
+            "--model",
+            F32,
+            "--tokens",
+            "2,17,5",
+            "--weights",
+            weights,
+            "--format",
+            "json",
+        ]);
+        assert!(ok, "{err}");
+        out
+    };
+    assert_eq!(by("mapped"), by("huge-pages"));
 }
 
 #[test]

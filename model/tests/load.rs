@@ -1,7 +1,7 @@
 //! Bad checkpoints and configs are typed errors naming the tensor or key, what was expected and
 //! what was found; never a panic. Features moek does not implement are refused by name.
 
-use moek_model::checkpoint::{Checkpoint, LoadError};
+use moek_model::checkpoint::{Checkpoint, LoadError, Residence};
 use moek_model::config::{Config, ConfigError};
 use moek_model::weights;
 use std::path::{Path, PathBuf};
@@ -36,7 +36,7 @@ fn load_err(dir: &Path) -> String {
         Ok(c) => c,
         Err(e) => return e.to_string(),
     };
-    weights::load::<f32>(&ck, &cfg, |_| {})
+    weights::load::<f32>(&ck, &cfg, Residence::Mapped, |_| {})
         .map(|_| ())
         .expect_err("this checkpoint must not load")
         .to_string()
@@ -77,7 +77,7 @@ fn a_wrong_dtype_names_the_tensor() {
     let dir = fixture();
     let cfg = Config::load(&dir).unwrap();
     let ck = Checkpoint::open(&dir).unwrap();
-    let err = weights::load::<half::bf16>(&ck, &cfg, |_| {})
+    let err = weights::load::<half::bf16>(&ck, &cfg, Residence::Mapped, |_| {})
         .map(|_| ())
         .unwrap_err();
     assert!(matches!(err, LoadError::DType { .. }), "{err}");
@@ -238,7 +238,7 @@ fn a_sharded_f16_checkpoint_loads_and_gives_the_f32_logits_closely() {
     let cfg = Config::load(&dir).unwrap();
     let ck = Checkpoint::open(&dir).unwrap();
     let model = Model {
-        weights: weights::load::<half::f16>(&ck, &cfg, |_| {}).unwrap(),
+        weights: weights::load::<half::f16>(&ck, &cfg, Residence::HugePages, |_| {}).unwrap(),
         cfg,
         backend: moek_kernels::dispatch::Backend::cpu(),
         variant: None,
@@ -307,4 +307,53 @@ fn a_sharded_f16_checkpoint_loads_and_gives_the_f32_logits_closely() {
         .collect();
     let want: Vec<u64> = greedy[..=at].iter().map(|&t| u64::from(t)).collect();
     assert_eq!(got, want, "stops at the stop token");
+}
+
+/// All-row logits of a 4-token prompt on the CPU.
+fn logits(cfg: &Config, weights: weights::Weights<'_, half::bf16>) -> Vec<Vec<f32>> {
+    use moek_model::forward::{Cache, Head, Model};
+    let model = Model {
+        cfg: cfg.clone(),
+        weights,
+        backend: moek_kernels::dispatch::Backend::cpu(),
+        variant: None,
+    };
+    model
+        .forward(
+            &[2, 17, 5, 9],
+            &mut Cache::default(),
+            Head::All,
+            &mut vec![],
+        )
+        .unwrap()
+}
+
+/// `save` then `load` gives the same weights back in either residence: the logits are bit for
+/// bit those of the weights that were saved, and the residence took effect (mapped matrices
+/// borrow the file; huge-page ones are copies the model owns).
+#[test]
+fn saved_weights_load_back_mapped_or_in_huge_pages() {
+    let cfg = moek_model::tiny::config();
+    let dir = std::env::temp_dir().join(format!("moek-load-save-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let saved = moek_model::tiny::weights::<half::bf16>(&cfg);
+    weights::save(&saved, &cfg, &dir.join("model.safetensors")).unwrap();
+    let want = logits(&cfg, saved);
+    let ck = Checkpoint::open(&dir).unwrap();
+    for residence in [Residence::Mapped, Residence::HugePages] {
+        let loaded = weights::load::<half::bf16>(&ck, &cfg, residence, |_| {}).unwrap();
+        let owned = [&loaded.embed, &loaded.layers[0].q, &loaded.layers[1].down]
+            .map(|m| matches!(m, std::borrow::Cow::Owned(_)));
+        assert_eq!(
+            owned,
+            [residence == Residence::HugePages; 3],
+            "{residence:?}"
+        );
+        let got = logits(&cfg, loaded);
+        let bits = |rows: &[Vec<f32>]| -> Vec<u32> {
+            rows.iter().flatten().map(|x| x.to_bits()).collect()
+        };
+        assert_eq!(bits(&got), bits(&want), "{residence:?}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -80,7 +80,8 @@ fn rel_l2(got: &[Vec<f32>], want: &[Vec<f32>]) -> f64 {
 fn check<W: Float>(dir: &std::path::Path, e: &Expected, backend: Backend, tol: f64) -> Vec<Trace> {
     let cfg = Config::load(dir).unwrap();
     let ck = Checkpoint::open(dir).unwrap();
-    let weights = weights::load::<W>(&ck, &cfg, |_| {}).unwrap();
+    let weights =
+        weights::load::<W>(&ck, &cfg, moek_model::checkpoint::Residence::Mapped, |_| {}).unwrap();
     let model = Model {
         cfg,
         weights,

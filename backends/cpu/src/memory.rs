@@ -9,9 +9,16 @@
 ///
 /// Elsewhere than Linux, or where the kernel declines, it is an ordinary zeroed `Vec`.
 pub fn huge_vec<T: Copy + Default>(len: usize) -> Vec<T> {
+    let mut v = huge_capacity(len);
+    v.resize(len, T::default());
+    v
+}
+
+/// An empty `Vec` with room for `len` elements whose pages were asked to be huge: the writes
+/// that fill it (`extend_from_slice`, `resize`) touch them first, so they come as huge pages.
+pub fn huge_capacity<T>(len: usize) -> Vec<T> {
     let mut v: Vec<T> = Vec::with_capacity(len);
     advise_huge(v.as_mut_ptr().cast(), len * std::mem::size_of::<T>());
-    v.resize(len, T::default());
     v
 }
 
@@ -57,5 +64,11 @@ mod tests {
         let v = huge_vec::<u16>((4 << 20) + 3);
         assert_eq!(v.len(), (4 << 20) + 3);
         assert!(v.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn huge_capacity_is_empty_with_room() {
+        let v = huge_capacity::<u32>((1 << 20) + 5);
+        assert!(v.is_empty() && v.capacity() >= (1 << 20) + 5);
     }
 }

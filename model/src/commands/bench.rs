@@ -36,6 +36,11 @@ pub struct BenchArgs {
     /// Layers of the model bench (alternating sliding and full).
     #[arg(long, default_value_t = 2)]
     pub layers: usize,
+    /// Model bench: write the random weights to a safetensors file (in the temp dir, removed once
+    /// mapped) and load them back from it, living where this says. Default: built in memory, in
+    /// huge pages.
+    #[arg(long, value_enum)]
+    pub from_file: Option<crate::checkpoint::Residence>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

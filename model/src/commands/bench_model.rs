@@ -1,10 +1,11 @@
 //! `moek bench --geometry 26b-a4b --layers N`: the whole model at the real layer geometry with
-//! random bf16 weights built in memory: prefill of a 512-token prompt and decode steps, tokens/s,
+//! random bf16 weights built in memory (or written to a file and loaded back: `--from-file`): prefill of a 512-token prompt and decode steps, tokens/s,
 //! the MoE block's share, bytes read per decode step against the read bandwidth measured in the
 //! same run, and peak memory against the weights' bytes.
 
 use super::bench::{BenchArgs, Format, median, print_json};
 use super::run::BackendArg;
+use crate::checkpoint::{Checkpoint, LoadError, Residence};
 use crate::commands::CommandError;
 use crate::forward::{Cache, Head, Model, Trace};
 use half::bf16;
@@ -18,6 +19,9 @@ pub struct ModelFigures {
     pub geometry: String,
     pub layers: usize,
     pub backend: String,
+    /// Where the weights live: `memory` (built in huge pages), or loaded from a file `mapped` or
+    /// copied into `huge-pages`.
+    pub weights: &'static str,
     pub isa: &'static str,
     pub threads: usize,
     pub prompt_tokens: usize,
@@ -68,8 +72,8 @@ pub fn run(args: &BenchArgs, layers: usize) -> Result<ExitCode, CommandError> {
         Format::Json => print_json(&f),
         Format::Text => {
             println!(
-                "{} x {} layers on {} ({}, {} threads), bf16, random weights",
-                f.geometry, f.layers, f.backend, f.isa, f.threads
+                "{} x {} layers on {} ({}, {} threads), bf16, random weights ({})",
+                f.geometry, f.layers, f.backend, f.isa, f.threads, f.weights
             );
             println!(
                 "read bandwidth (same run): {:.1} GB/s, the better of probes before ({:.1}) and after ({:.1})",
@@ -131,6 +135,21 @@ fn seconds_of(trace: &[Trace], what: &str) -> f64 {
         .sum()
 }
 
+/// The bench's random weights written to a fresh safetensors file and mapped back. The file is
+/// unlinked once mapped (the map keeps its pages), so nothing is left behind.
+fn written(cfg: &crate::config::Config) -> Result<Checkpoint, CommandError> {
+    let dir = std::env::temp_dir().join(format!("moek-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|source| LoadError::Io {
+        path: dir.clone(),
+        source,
+    })?;
+    let path = dir.join("model.safetensors");
+    let saved = crate::weights::save(&crate::tiny::weights::<bf16>(cfg), cfg, &path);
+    let ck = saved.and_then(|()| Checkpoint::from_files(std::slice::from_ref(&path)));
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(ck?)
+}
+
 /// The traced kernels a decode step's time is split into ([`StepParts`]).
 const PARTS: [&str; 3] = ["lm_head", "moe", "dense_mlp"];
 
@@ -141,7 +160,14 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
     };
     let probe_before = super::bench::probe_bandwidth();
     let cfg = crate::tiny::gemma4_26b(layers);
-    let weights = crate::tiny::weights::<bf16>(&cfg);
+    let ck;
+    let weights = match args.from_file {
+        None => crate::tiny::weights::<bf16>(&cfg),
+        Some(residence) => {
+            ck = written(&cfg)?;
+            crate::weights::load::<bf16>(&ck, &cfg, residence, |_| {})?
+        }
+    };
     let weights_bytes = weights.bytes() as u64;
     let model = Model {
         cfg,
@@ -205,6 +231,11 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
         geometry: "26b-a4b".into(),
         layers,
         backend: format!("{backend:?}").to_lowercase(),
+        weights: match args.from_file {
+            None => "memory",
+            Some(Residence::Mapped) => "mapped",
+            Some(Residence::HugePages) => "huge-pages",
+        },
         isa: isa.name(),
         threads,
         prompt_tokens: prompt.len(),

@@ -2,7 +2,7 @@
 //! the generated kernels of the chosen backend.
 
 use super::CommandError;
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, Residence};
 use crate::config::Config;
 use crate::forward::{Cache, Head, Model, Trace};
 use crate::generate::{Sampling, generate};
@@ -50,6 +50,22 @@ pub struct ModelArgs {
     pub variant: Option<String>,
     #[arg(long, value_enum, default_value_t = super::bench::Format::Text)]
     pub format: super::bench::Format,
+    /// Where the weight matrices live: `huge-pages` copies them at load (the CPU's decode streams
+    /// them faster than the file's 4 KiB pages), `mapped` reads the file in place (nothing is
+    /// copied). Default: huge pages on the CPU backend; mapped on the others, whose kernels read
+    /// what they uploaded.
+    #[arg(long, value_enum)]
+    pub weights: Option<Residence>,
+}
+
+impl ModelArgs {
+    /// `--weights`, or the backend's default.
+    pub fn residence(&self) -> Residence {
+        self.weights.unwrap_or(match self.backend {
+            BackendArg::Cpu => Residence::HugePages,
+            BackendArg::Wgpu | BackendArg::Spyre => Residence::Mapped,
+        })
+    }
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -161,11 +177,17 @@ fn load<W: Float>(
     args: &ModelArgs,
     job: impl Job,
 ) -> Result<ExitCode, CommandError> {
-    let bar = indicatif::ProgressBar::new(cfg.layers.len() as u64).with_style(
-        indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers")
-            .expect("a valid template"),
-    );
-    let weights = weights::load::<W>(ck, &cfg, |n| bar.set_position(n as u64))?;
+    let residence = args.residence();
+    let bar = indicatif::ProgressBar::new(cfg.layers.len() as u64)
+        .with_style(
+            indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers ({msg})")
+                .expect("a valid template"),
+        )
+        .with_message(match residence {
+            Residence::Mapped => "mapped in place",
+            Residence::HugePages => "copying into huge pages",
+        });
+    let weights = weights::load::<W>(ck, &cfg, residence, |n| bar.set_position(n as u64))?;
     bar.finish_and_clear();
     let model = Model {
         cfg,
