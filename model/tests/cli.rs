@@ -384,6 +384,19 @@ fn the_model_bench_prints_the_fields_scripts_check() {
         "{parts}"
     );
     assert_eq!(v["prompt_tokens"], 512);
+    assert_eq!(v["weights"], "memory");
+    // The per-step probes' range holds their median.
+    let range: Vec<f64> = v["read_bandwidth_range_gbs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("`read_bandwidth_range_gbs` in {out}"))
+        .iter()
+        .map(|b| b.as_f64().unwrap())
+        .collect();
+    let median = v["read_bandwidth_gbs"].as_f64().unwrap();
+    assert!(
+        range.len() == 2 && range[0] <= median && median <= range[1],
+        "{range:?} around {median}"
+    );
 }
 
 #[test]

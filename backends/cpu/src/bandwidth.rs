@@ -9,11 +9,38 @@ use std::time::Instant;
 /// stream prefetched ahead, as the kernels read weights ([`crate::dot::dot_rows`]): the probe
 /// measures the memory, not the TLB or one core's prefetcher, so a kernel cannot outrun it.
 pub fn read_bandwidth(bytes: usize, reps: usize) -> f64 {
-    let mut words = crate::memory::huge_vec::<u64>(bytes / 8);
-    words.fill(1);
-    (0..reps.max(1))
-        .map(|_| read_pass(&words))
-        .fold(0.0, f64::max)
+    Probe::new(bytes).best_of(reps)
+}
+
+/// A probe buffer kept to measure again and again: between the steps of a bench, so that each
+/// step is judged against the memory's speed of its own moment (on a shared machine it changes
+/// from one second to the next).
+pub struct Probe {
+    words: Vec<u64>,
+}
+
+impl std::fmt::Debug for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Probe")
+            .field("bytes", &std::mem::size_of_val(&self.words[..]))
+            .finish()
+    }
+}
+
+impl Probe {
+    /// A buffer of `bytes` in huge pages, written once.
+    pub fn new(bytes: usize) -> Probe {
+        let mut words = crate::memory::huge_vec::<u64>(bytes / 8);
+        words.fill(1);
+        Probe { words }
+    }
+
+    /// The best rate of `reps` passes over the buffer with every rayon thread, bytes per second.
+    pub fn best_of(&self, reps: usize) -> f64 {
+        (0..reps.max(1))
+            .map(|_| read_pass(&self.words))
+            .fold(0.0, f64::max)
+    }
 }
 
 /// Reads all of `words` once with every rayon thread (a sum nobody uses); bytes per second.

@@ -1,7 +1,8 @@
 //! `moek bench --geometry 26b-a4b --layers N`: the whole model at the real layer geometry with
-//! random bf16 weights built in memory (or written to a file and loaded back: `--from-file`): prefill of a 512-token prompt and decode steps, tokens/s,
-//! the MoE block's share, bytes read per decode step against the read bandwidth measured in the
-//! same run, and peak memory against the weights' bytes.
+//! random bf16 weights built in memory (or written to a file and loaded back: `--from-file`):
+//! prefill of a 512-token prompt and decode steps, tokens/s, the MoE block's share, bytes read
+//! per decode step against the read bandwidth probed before each step, and peak memory against
+//! the weights' bytes.
 
 use super::bench::{BenchArgs, Format, median, print_json};
 use super::run::BackendArg;
@@ -36,7 +37,8 @@ pub struct ModelFigures {
     pub decode_tokens_per_s: f64,
     /// Read bandwidth over bytes per decode step: what decode could reach if it only streamed.
     pub decode_ceiling_tokens_per_s: f64,
-    /// bytes per decode step / measured read bandwidth, over the measured step time.
+    /// Per step, bytes per decode step / the bandwidth probed just before it, over the step's
+    /// time; the median over steps.
     pub decode_bandwidth_ratio: f64,
     /// Where a decode step's time goes.
     pub decode_step_ms: StepParts,
@@ -44,14 +46,15 @@ pub struct ModelFigures {
     /// Bytes of one layer's eight selected experts per decode step: what the timed MoE kernel
     /// reads (the router's matrix is read before it, timed with the rest of the step).
     pub moe_decode_bytes_per_layer: f64,
-    /// moe_decode_bytes_per_layer / measured read bandwidth, over the measured MoE time.
+    /// Per step, moe_decode_bytes_per_layer / the bandwidth probed just before it, over the
+    /// step's MoE time per layer; the median over steps.
     pub moe_decode_bandwidth_ratio: f64,
     pub moe_prefill_ms_per_token_layer: f64,
     pub bytes_per_decode_step: f64,
-    /// The better of the probes before and after the timed work.
+    /// The median of the probes made before each decode step.
     pub read_bandwidth_gbs: f64,
-    /// Both probes, before and after (how much the machine drifted during the run).
-    pub read_bandwidth_probes_gbs: [f64; 2],
+    /// The lowest and highest of those probes (how much the machine drifted during the run).
+    pub read_bandwidth_range_gbs: [f64; 2],
     pub peak_rss_bytes: u64,
     pub weights_bytes: u64,
 }
@@ -76,10 +79,8 @@ pub fn run(args: &BenchArgs, layers: usize) -> Result<ExitCode, CommandError> {
                 f.geometry, f.layers, f.backend, f.isa, f.threads, f.weights
             );
             println!(
-                "read bandwidth (same run): {:.1} GB/s, the better of probes before ({:.1}) and after ({:.1})",
-                f.read_bandwidth_gbs,
-                f.read_bandwidth_probes_gbs[0],
-                f.read_bandwidth_probes_gbs[1]
+                "read bandwidth (probed before each decode step): median {:.1} GB/s, {:.1}-{:.1}",
+                f.read_bandwidth_gbs, f.read_bandwidth_range_gbs[0], f.read_bandwidth_range_gbs[1]
             );
             println!(
                 "prefill {} tokens (median of {}): {:.1} tokens/s, {:.0} GFLOP/s = {:.0}% of the ISA's \
@@ -94,7 +95,7 @@ pub fn run(args: &BenchArgs, layers: usize) -> Result<ExitCode, CommandError> {
             );
             println!(
                 "decode (median of {} steps): {:.2} tokens/s; {:.1} MB read per step -> ceiling \
-                 {:.2} tokens/s, {:.0}% of it",
+                 {:.2} tokens/s; each step against its own probe: {:.0}% (median)",
                 f.decode_steps,
                 f.decode_tokens_per_s,
                 f.bytes_per_decode_step / 1e6,
@@ -108,8 +109,8 @@ pub fn run(args: &BenchArgs, layers: usize) -> Result<ExitCode, CommandError> {
                 p.lm_head, p.moe, p.dense_mlp, p.rest
             );
             println!(
-                "MoE decode: {:.3} ms per layer per token for {:.1} MB -> floor {:.3} ms, {:.0}% of \
-                 read bandwidth",
+                "MoE decode: {:.3} ms per layer per token for {:.1} MB -> floor {:.3} ms; each step \
+                 against its own probe: {:.0}% of read bandwidth (median)",
                 f.moe_decode_ms_per_layer,
                 f.moe_decode_bytes_per_layer / 1e6,
                 f.moe_decode_bytes_per_layer / (f.read_bandwidth_gbs * 1e9) * 1e3,
@@ -150,6 +151,10 @@ fn written(cfg: &crate::config::Config) -> Result<Checkpoint, CommandError> {
     Ok(ck?)
 }
 
+/// The probe read before each decode step: 256 MiB (8 times the last-level caches here), in
+/// huge pages like the weights, best of two passes.
+const STEP_PROBE_BYTES: usize = 256 << 20;
+
 /// The traced kernels a decode step's time is split into ([`StepParts`]).
 const PARTS: [&str; 3] = ["lm_head", "moe", "dense_mlp"];
 
@@ -158,7 +163,6 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
         super::bench::BenchBackend::Cpu => BackendArg::Cpu,
         super::bench::BenchBackend::Wgpu => BackendArg::Wgpu,
     };
-    let probe_before = super::bench::probe_bandwidth();
     let cfg = crate::tiny::gemma4_26b(layers);
     let ck;
     let weights = match args.from_file {
@@ -197,9 +201,15 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
     let (mut cache, mut last) = state.expect("at least one prefill");
     let prefill_s = median(prefill.into_iter());
     let steps = args.iters.max(3);
+    // Peak memory through prefill, before the step probe's buffer: decode steps add only rows of
+    // the KV cache.
+    let peak_rss_bytes = peak_rss();
+    let probe = moek_cpu::bandwidth::Probe::new(STEP_PROBE_BYTES);
+    let mut bandwidth = vec![];
     let mut samples = vec![];
     let mut parts: [Vec<f64>; PARTS.len()] = Default::default();
     for _ in 0..steps {
+        bandwidth.push(probe.best_of(2));
         let next = crate::generate::argmax(&last[0]);
         trace.clear();
         let start = Instant::now();
@@ -210,10 +220,19 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
         }
     }
 
-    // Peak memory before the second probe allocates its buffer.
-    let peak_rss_bytes = peak_rss();
-    let probe_after = super::bench::probe_bandwidth();
-    let read_bandwidth = probe_before.max(probe_after);
+    drop(probe);
+    let work = Work::of(cfg, prompt.len());
+    // Each step's bytes over its time, against the bandwidth probed just before it.
+    let ratio = |bytes: f64, times: &[f64]| {
+        median(bandwidth.iter().zip(times).map(|(bw, t)| bytes / bw / t))
+    };
+    let decode_bandwidth_ratio = ratio(work.decode_bytes, &samples);
+    let [_, moe_times, _] = &parts;
+    let moe_decode_bandwidth_ratio = ratio(work.moe_decode_bytes * layers as f64, moe_times);
+    let read_bandwidth = median(bandwidth.iter().copied());
+    let range = bandwidth
+        .iter()
+        .fold([f64::MAX, 0.0], |[lo, hi], &b| [lo.min(b), hi.max(b)]);
     let step_s = median(samples.into_iter());
     let [lm_head, moe_all, dense_mlp] = parts.map(|p| median(p.into_iter()) * 1e3);
     let decode_step_ms = StepParts {
@@ -224,7 +243,6 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
     };
     // The MoE blocks of all layers, per layer.
     let moe_s = moe_all / 1e3 / layers as f64;
-    let work = Work::of(cfg, prompt.len());
     let isa = moek_cpu::isa();
     let threads = rayon::current_num_threads();
     Ok(ModelFigures {
@@ -246,17 +264,17 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
         isa_peak_gflops: 2.0 * isa.gemm_macs_per_cycle() * nominal_ghz() * threads as f64,
         decode_tokens_per_s: 1.0 / step_s,
         decode_ceiling_tokens_per_s: read_bandwidth / work.decode_bytes,
-        decode_bandwidth_ratio: work.decode_bytes / read_bandwidth / step_s,
+        decode_bandwidth_ratio,
         decode_step_ms,
         moe_decode_ms_per_layer: moe_s * 1e3,
         moe_decode_bytes_per_layer: work.moe_decode_bytes,
-        moe_decode_bandwidth_ratio: work.moe_decode_bytes / read_bandwidth / moe_s,
+        moe_decode_bandwidth_ratio,
         moe_prefill_ms_per_token_layer: median(moe_prefill.into_iter())
             / (layers * prompt.len()) as f64
             * 1e3,
         bytes_per_decode_step: work.decode_bytes,
         read_bandwidth_gbs: read_bandwidth / 1e9,
-        read_bandwidth_probes_gbs: [probe_before / 1e9, probe_after / 1e9],
+        read_bandwidth_range_gbs: range.map(|b| b / 1e9),
         peak_rss_bytes,
         weights_bytes,
     })
