@@ -1,7 +1,7 @@
 //! `moek bench`: the kernel targets, measured against this machine's own floors in the same run.
 //!
-//! - Decode (T=1, 8 routes, bf16): the weight bytes read per call over the median time, against
-//!   the memory read bandwidth measured just before (target: >= 80%).
+//! - Decode (T=1, 8 routes, bf16): per call, the weight bytes read over the call's time, against
+//!   the memory read bandwidth probed just before it; the median over calls (target: >= 80%).
 //! - Grouped prefill (T=512, top-8, bf16): GFLOP/s against a well-kept GEMM crate
 //!   (`matrixmultiply`, f32) doing the same FLOPs as two dense GEMMs (target: >= 60%).
 //!
@@ -66,11 +66,14 @@ pub enum Format {
 pub struct Figures {
     pub isa: &'static str,
     pub threads: usize,
+    /// The median of the probes made before each decode call.
     pub read_bandwidth_gbs: f64,
     pub decode_kernel: String,
     pub decode_ms: f64,
     pub decode_bytes: f64,
     pub decode_gbs: f64,
+    /// Per call of the blocked variant, its bytes over its time against the probe just before
+    /// it; the median over calls.
     pub decode_ratio: f64,
     pub decode_unblocked_ms: f64,
     pub prefill_kernel: String,
@@ -80,11 +83,15 @@ pub struct Figures {
     pub prefill_ratio: f64,
 }
 
-/// The machine's read bandwidth in bytes per second: the best pass over 1 GiB. Benches probe
-/// before and after what they time and keep the better figure, so that a noisy moment during
-/// one probe cannot make a kernel look faster than the memory.
-pub(super) fn probe_bandwidth() -> f64 {
-    moek_cpu::bandwidth::read_bandwidth(1 << 30, 5)
+/// The probe read before each timed decode call or step: 256 MiB (8 times the last-level caches
+/// here), in huge pages like the weights, best of two passes. Shared machines change memory speed
+/// from one second to the next, so each sample is judged against its own moment.
+pub(super) const SAMPLE_PROBE_BYTES: usize = 256 << 20;
+
+/// The median over samples of `bytes / bandwidth[i] / times[i]`: each timed sample's share of
+/// the read bandwidth probed just before it.
+pub(super) fn median_ratio(bytes: f64, bandwidth: &[f64], times: &[f64]) -> f64 {
+    median(bandwidth.iter().zip(times).map(|(bw, t)| bytes / bw / t))
 }
 
 pub const DECODE_FLOOR: f64 = 0.80;
@@ -110,7 +117,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, CommandError> {
         Format::Text => {
             println!("isa {}, {} threads", f.isa, f.threads);
             println!(
-                "memory read bandwidth (same run, the better of probes before and after): {:.1} GB/s",
+                "memory read bandwidth (probed before each decode call): median {:.1} GB/s",
                 f.read_bandwidth_gbs
             );
             println!(
@@ -140,7 +147,6 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, CommandError> {
 /// Runs every measurement once, in a fixed order.
 pub fn measure(iters: usize) -> Result<Figures, CommandError> {
     let threads = rayon::current_num_threads();
-    let probe_before = probe_bandwidth();
     let decode = spec("decode_expert_ffn_blocked")?;
     let unblocked = spec("general_expert_ffn_gather")?;
     let prefill = spec("prefill_expert_ffn_grouped")?;
@@ -155,16 +161,21 @@ pub fn measure(iters: usize) -> Result<Figures, CommandError> {
         unblocked.cpu.bf16.expect("bf16 general"),
     ];
     let mut times = [vec![], vec![]];
+    let mut bandwidth = [vec![], vec![]];
     let mut out = vec![0f32; 2816];
+    let probe = moek_cpu::bandwidth::Probe::new(SAMPLE_PROBE_BYTES);
     for i in 0..2 * iters {
         (case.idx, case.weights) = routes(1, 8, 128, 100 + i as u64);
         let inputs = case.inputs();
+        bandwidth[i % 2].push(probe.best_of(2));
         let start = Instant::now();
         fns[i % 2](&shape, &inputs, &mut out);
         times[i % 2].push(start.elapsed().as_secs_f64());
     }
+    drop(probe);
+    let decode_ratio = median_ratio(bytes, &bandwidth[0], &times[0]);
+    let read_bandwidth = median(bandwidth.iter().flatten().copied());
     let [decode_s, unblocked_s] = times.map(|t| median(t.into_iter()));
-    let read_bandwidth = probe_before.max(probe_bandwidth());
 
     let pshape = geometry::PREFILL;
     (case.x, case.shape) = (moek_kernels::testing::uniform(512 * 2816, 5, 1.0), pshape);
@@ -188,7 +199,7 @@ pub fn measure(iters: usize) -> Result<Figures, CommandError> {
         decode_ms: decode_s * 1e3,
         decode_bytes: bytes,
         decode_gbs: bytes / decode_s / 1e9,
-        decode_ratio: bytes / decode_s / read_bandwidth,
+        decode_ratio,
         decode_unblocked_ms: unblocked_s * 1e3,
         prefill_kernel: prefill.name().to_string(),
         prefill_ms: prefill_s * 1e3,

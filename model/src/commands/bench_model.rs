@@ -4,7 +4,7 @@
 //! per decode step against the read bandwidth probed before each step, and peak memory against
 //! the weights' bytes.
 
-use super::bench::{BenchArgs, Format, median, print_json};
+use super::bench::{BenchArgs, Format, median, median_ratio, print_json};
 use super::run::BackendArg;
 use crate::checkpoint::{Checkpoint, LoadError, Residence};
 use crate::commands::CommandError;
@@ -151,10 +151,6 @@ fn written(cfg: &crate::config::Config) -> Result<Checkpoint, CommandError> {
     Ok(ck?)
 }
 
-/// The probe read before each decode step: 256 MiB (8 times the last-level caches here), in
-/// huge pages like the weights, best of two passes.
-const STEP_PROBE_BYTES: usize = 256 << 20;
-
 /// The traced kernels a decode step's time is split into ([`StepParts`]).
 const PARTS: [&str; 3] = ["lm_head", "moe", "dense_mlp"];
 
@@ -204,7 +200,7 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
     // Peak memory through prefill, before the step probe's buffer: decode steps add only rows of
     // the KV cache.
     let peak_rss_bytes = peak_rss();
-    let probe = moek_cpu::bandwidth::Probe::new(STEP_PROBE_BYTES);
+    let probe = moek_cpu::bandwidth::Probe::new(super::bench::SAMPLE_PROBE_BYTES);
     let mut bandwidth = vec![];
     let mut samples = vec![];
     let mut parts: [Vec<f64>; PARTS.len()] = Default::default();
@@ -222,13 +218,10 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
 
     drop(probe);
     let work = Work::of(cfg, prompt.len());
-    // Each step's bytes over its time, against the bandwidth probed just before it.
-    let ratio = |bytes: f64, times: &[f64]| {
-        median(bandwidth.iter().zip(times).map(|(bw, t)| bytes / bw / t))
-    };
-    let decode_bandwidth_ratio = ratio(work.decode_bytes, &samples);
+    let decode_bandwidth_ratio = median_ratio(work.decode_bytes, &bandwidth, &samples);
     let [_, moe_times, _] = &parts;
-    let moe_decode_bandwidth_ratio = ratio(work.moe_decode_bytes * layers as f64, moe_times);
+    let moe_decode_bandwidth_ratio =
+        median_ratio(work.moe_decode_bytes * layers as f64, &bandwidth, moe_times);
     let read_bandwidth = median(bandwidth.iter().copied());
     let range = bandwidth
         .iter()
