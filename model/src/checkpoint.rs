@@ -47,10 +47,10 @@ pub enum LoadError {
 /// Where a loaded weight matrix lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Residence {
-    /// Read in place from the memory-mapped file: nothing is copied, but the file's 4 KiB pages
-    /// cost a TLB miss each on every pass, so decode streams them slower (docs/performance.md).
+    /// Read in place from the memory-mapped file: nothing is copied, but it lives in 4 KiB pages,
+    /// which some machines stream at half the rate of huge pages (docs/performance.md).
     Mapped,
-    /// Copied into anonymous huge pages at load, tensor by tensor, each tensor's mapped pages
+    /// Copied into anonymous huge pages at load, 64 MiB at a time, each chunk's mapped pages
     /// released once it is copied (resident memory stays near the weights' bytes).
     HugePages,
 }

@@ -6,8 +6,9 @@
 //! Parallelism belongs to the caller (the generated schedule). Which path runs depends on the ISA
 //! and the rows of `a`: bf16 on AMX runs tiles ([`crate::amx`]); otherwise AVX-512 runs 4 x 6 f32
 //! FMA tiles over widened operands; fewer than [`STREAM_ROWS`] rows, and the portable path, run
-//! dot products (one activation row: weight rows one at a time, [`dot_rows`]; else four at a time). Paths differ in summation order only (each is one
-//! f32 sum per output; the primitive tests bound every path against an f64 sum).
+//! dot products (one activation row: weight rows one at a time, [`dot_rows`]; else four at a
+//! time). Paths differ in summation order only (each is one f32 sum per output; the primitive
+//! tests bound every path against an f64 sum).
 
 use crate::dot::{dot_rows, dotn_segments};
 use crate::element::{Element, Kind, bits16, kind};

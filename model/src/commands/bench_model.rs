@@ -6,7 +6,7 @@
 
 use super::bench::{BenchArgs, Format, median, median_ratio, print_json};
 use super::run::BackendArg;
-use crate::checkpoint::{Checkpoint, LoadError, Residence};
+use crate::checkpoint::{Checkpoint, LoadError};
 use crate::commands::CommandError;
 use crate::forward::{Cache, Head, Model, Trace};
 use half::bf16;
@@ -20,9 +20,9 @@ pub struct ModelFigures {
     pub geometry: String,
     pub layers: usize,
     pub backend: String,
-    /// Where the weights live: `memory` (built in huge pages), or loaded from a file `mapped` or
-    /// copied into `huge-pages`.
-    pub weights: &'static str,
+    /// Where the weights live: `memory` (built in huge pages), or the `--from-file` residence
+    /// (`mapped`, `huge-pages`).
+    pub weights: String,
     pub isa: &'static str,
     pub threads: usize,
     pub prompt_tokens: usize,
@@ -242,11 +242,10 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
         geometry: "26b-a4b".into(),
         layers,
         backend: format!("{backend:?}").to_lowercase(),
-        weights: match args.from_file {
-            None => "memory",
-            Some(Residence::Mapped) => "mapped",
-            Some(Residence::HugePages) => "huge-pages",
-        },
+        weights: args
+            .from_file
+            .and_then(|r| clap::ValueEnum::to_possible_value(&r))
+            .map_or("memory".into(), |v| v.get_name().to_string()),
         isa: isa.name(),
         threads,
         prompt_tokens: prompt.len(),
