@@ -56,12 +56,15 @@ pub fn softcap_slice(xs: &mut [f32], cap: f32) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `isa()` checked the AVX-512 features.
         Isa::Avx512Bf16 | Isa::Amx => unsafe { softcap_avx512(xs, cap) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` checked the AVX2 features.
+        Isa::Avx2 => unsafe { crate::avx2::softcap_slice(xs, cap) },
         _ => softcap_each(xs, cap),
     }
 }
 
 #[inline(always)]
-fn softcap_each(xs: &mut [f32], cap: f32) {
+pub(crate) fn softcap_each(xs: &mut [f32], cap: f32) {
     xs.iter_mut().for_each(|x| *x = softcap(*x, cap));
 }
 

@@ -99,6 +99,8 @@ pub fn dotn_segments<A: Element, B: Element, const NR: usize>(
     match isa() {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Bf16 | Isa::Amx => avx512::dotn(a, rows, segs, next),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => crate::avx2::dotn(a, rows, segs, next),
         _ => portable::dotn(a, rows, segs),
     }
 }

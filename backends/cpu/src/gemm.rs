@@ -54,13 +54,16 @@ pub fn gemm_nt<W: Element>(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the features were detected; every row the tiles touch is in bounds (asserted).
         Isa::Avx512Bf16 | Isa::Amx => unsafe { avx512::gemm(a, lda, b, ldb, c, ldc, m, n, k) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the features were detected; every row the tiles touch is in bounds (asserted).
+        Isa::Avx2 => unsafe { crate::avx2::gemm::gemm(a, lda, b, ldb, c, ldc, m, n, k) },
         _ => by_dots(a, lda, b, ldb, c, ldc, m, n, k),
     }
 }
 
 /// Element offsets of the `tile` rows starting at row `i` (`count` of them real): edge tiles
 /// repeat their last row, and the repeated results are not stored.
-fn tile_rows<const N: usize>(ld: usize, i: usize, count: usize) -> [usize; N] {
+pub(crate) fn tile_rows<const N: usize>(ld: usize, i: usize, count: usize) -> [usize; N] {
     std::array::from_fn(|t| (i + t.min(count - 1)) * ld)
 }
 

@@ -1,9 +1,9 @@
 //! Run-time choice of the instruction set primitives use.
 //!
-//! `MOEK_CPU_ISA=portable` forces the portable path, `avx512` the AVX-512 path without AMX tiles
-//! (CI runs the primitive tests both ways besides the default); `amx` insists on AMX. Each forced
-//! level panics with a clear message where the CPU (or the OS) lacks it; unset or `auto` picks the
-//! best there is.
+//! `MOEK_CPU_ISA=portable` forces the portable path, `avx2` the AVX2 + FMA + F16C path, `avx512`
+//! the AVX-512 path without AMX tiles, `amx` AMX (CI runs the primitive tests under every level
+//! the CPU has). Each forced level panics with a clear message where the CPU (or the OS) lacks it;
+//! unset or `auto` picks the best there is: amx > avx512 > avx2 > portable.
 
 use std::sync::OnceLock;
 
@@ -13,6 +13,8 @@ pub enum Isa {
     Amx,
     /// AVX-512 F/BW/VL with BF16 dot products (`vdpbf16ps`) and 16-bit conversion.
     Avx512Bf16,
+    /// AVX2 with FMA and F16C: 8 f32 lanes, 16-bit weights widened on load ([`crate::avx2`]).
+    Avx2,
     /// Plain Rust the compiler vectorises for the baseline target.
     Portable,
 }
@@ -22,6 +24,7 @@ impl Isa {
         match self {
             Isa::Amx => "amx-bf16",
             Isa::Avx512Bf16 => "avx512-bf16",
+            Isa::Avx2 => "avx2",
             Isa::Portable => "portable",
         }
     }
@@ -33,10 +36,32 @@ impl Isa {
             Isa::Amx => 1024.0,
             // two 16-lane f32 FMAs per cycle on widened operands (the GEMM's own path)
             Isa::Avx512Bf16 => 32.0,
-            // two 8-lane FMAs per cycle (AVX2) is what a vectorising compiler can reach at best
-            Isa::Portable => 16.0,
+            // two 8-lane f32 FMAs per cycle
+            Isa::Avx2 => 16.0,
+            // the baseline target has no FMA: two 4-lane multiplies and two adds per cycle
+            Isa::Portable => 8.0,
         }
     }
+}
+
+impl Isa {
+    /// Peak f32 GEMM GFLOP/s of `threads` cores at the nominal clock ([`nominal_ghz`]): the
+    /// physical floor prefill figures are printed beside.
+    pub fn peak_gflops(self, threads: usize) -> f64 {
+        2.0 * self.gemm_macs_per_cycle() * nominal_ghz() * threads as f64
+    }
+}
+
+/// The clock `/proc/cpuinfo` reports (2 GHz where it says nothing), GHz.
+pub fn nominal_ghz() -> f64 {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("cpu MHz"))
+                .and_then(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
+        })
+        .map_or(2.0, |mhz| mhz / 1e3)
 }
 
 /// The instruction set in use (detected once; see the module doc for the switch).
@@ -46,10 +71,17 @@ pub fn isa() -> Isa {
         let wanted = std::env::var("MOEK_CPU_ISA").unwrap_or_default();
         match wanted.as_str() {
             "portable" => Isa::Portable,
+            "avx2" => {
+                assert!(
+                    has_avx2(),
+                    "MOEK_CPU_ISA=avx2 but this CPU lacks AVX2/FMA/F16C; unset it or use `portable`"
+                );
+                Isa::Avx2
+            }
             "avx512" => {
                 assert!(
                     has_avx512_bf16(),
-                    "MOEK_CPU_ISA=avx512 but this CPU lacks AVX-512 F/BW/VL/BF16; unset it or use `portable`"
+                    "MOEK_CPU_ISA=avx512 but this CPU lacks AVX-512 F/BW/VL/BF16; unset it or use `avx2` or `portable`"
                 );
                 Isa::Avx512Bf16
             }
@@ -65,11 +97,13 @@ pub fn isa() -> Isa {
                     Isa::Amx
                 } else if has_avx512_bf16() {
                     Isa::Avx512Bf16
+                } else if has_avx2() {
+                    Isa::Avx2
                 } else {
                     Isa::Portable
                 }
             }
-            other => panic!("MOEK_CPU_ISA={other:?} is not one of: auto, amx, avx512, portable"),
+            other => panic!("MOEK_CPU_ISA={other:?} is not one of: auto, amx, avx512, avx2, portable"),
         }
     })
 }
@@ -87,4 +121,32 @@ pub fn has_avx512_bf16() -> bool {
     {
         false
     }
+}
+
+/// Whether this CPU has everything the AVX2 path uses (AVX2, FMA, F16C).
+pub fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::avx2::detected()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The levels this CPU can run, best first (what `MOEK_CPU_ISA` may force here).
+pub fn supported() -> Vec<&'static str> {
+    let mut levels = vec![];
+    if has_avx512_bf16() && crate::amx::enable() {
+        levels.push("amx");
+    }
+    if has_avx512_bf16() {
+        levels.push("avx512");
+    }
+    if has_avx2() {
+        levels.push("avx2");
+    }
+    levels.push("portable");
+    levels
 }

@@ -2,11 +2,13 @@
 //!
 //! The schedule (blocks, splits, loops) lives in the generated code; this crate only knows how to
 //! multiply contiguous runs of numbers fast. Every primitive has an AVX-512 path (BF16 dot
-//! products, 16-bit conversion) chosen at run time and a portable path; `MOEK_CPU_ISA` forces one
-//! (see [`isa`]).
+//! products, 16-bit conversion), an AVX2 path ([`avx2`]: FMA, F16C) and a portable path, chosen
+//! at run time; `MOEK_CPU_ISA` forces one (see [`isa`]).
 
 pub mod activation;
 pub mod amx;
+#[cfg(target_arch = "x86_64")]
+pub mod avx2;
 pub mod axpy;
 pub mod bandwidth;
 pub mod dot;

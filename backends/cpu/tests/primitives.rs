@@ -174,3 +174,21 @@ fn matvec_rows_are_segment_sums_in_order() {
         }
     }
 }
+
+/// `scripts/test` forces each level through `MOEK_CPU_ISA`: the level in use must be the one
+/// asked for (else a run would cover another path), and unset or `auto` the best this CPU has.
+#[test]
+fn the_level_in_use_is_the_one_asked_for() {
+    let asked = std::env::var("MOEK_CPU_ISA").unwrap_or_default();
+    let in_use = match moek_cpu::isa() {
+        moek_cpu::Isa::Amx => "amx",
+        moek_cpu::Isa::Avx512Bf16 => "avx512",
+        moek_cpu::Isa::Avx2 => "avx2",
+        moek_cpu::Isa::Portable => "portable",
+    };
+    let want = match asked.as_str() {
+        "" | "auto" => moek_cpu::isa::supported()[0],
+        level => level,
+    };
+    assert_eq!(in_use, want, "MOEK_CPU_ISA={asked:?}");
+}

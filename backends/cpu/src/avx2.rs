@@ -1,0 +1,393 @@
+//! The AVX2 level: every primitive on AVX2 + FMA + F16C (8 f32 lanes), for the CPUs without
+//! AVX-512 (every AMD before Zen 4, most Intel client chips, many cloud VMs).
+//!
+//! One file per level: the front modules ([`crate::dot`], [`crate::gemm`], [`crate::axpy`],
+//! [`crate::activation`], [`crate::bandwidth`]) check shapes and pick the level; this file holds
+//! only the arithmetic. Widening: bf16 by a 16-bit shift, f16 by F16C's `vcvtph2ps`, exact both.
+//! Sums follow the same plan as the AVX-512 level at half its width (docs/numerics.md).
+
+use crate::element::{Element, Kind, kind};
+use std::arch::x86_64::*;
+
+/// f32 lanes per vector.
+const LANES: usize = 8;
+
+/// Element kinds as const parameters (a kernel is compiled once per pair of kinds).
+pub(crate) const F32: u8 = 0;
+pub(crate) const F16: u8 = 1;
+pub(crate) const BF16: u8 = 2;
+
+const fn size_of_kind(k: u8) -> usize {
+    if k == F32 { 4 } else { 2 }
+}
+
+fn kind_code<W: Element>() -> u8 {
+    match kind::<W>() {
+        Kind::F32 => F32,
+        Kind::F16 => F16,
+        Kind::Bf16 => BF16,
+    }
+}
+
+/// Whether this CPU has everything this level uses.
+pub fn detected() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// Loads 8 elements of kind `K` at `p` as 8 f32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load8<const K: u8>(p: *const u8) -> __m256 {
+    // SAFETY: the caller guarantees 8 readable elements at `p`.
+    unsafe {
+        match K {
+            F32 => _mm256_loadu_ps(p.cast::<f32>()),
+            F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>())),
+            _ => {
+                let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast::<__m128i>()));
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w))
+            }
+        }
+    }
+}
+
+/// Loads `n` (< 8) elements of kind `K` at `p`, zero beyond `n`, reading nothing past them.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load_part<const K: u8>(p: *const u8, n: usize) -> __m256 {
+    let mut buf = [0u8; 32];
+    // SAFETY: `n` elements are readable at `p`; `buf` holds 8 of any kind.
+    unsafe {
+        std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n * size_of_kind(K));
+        load8::<K>(buf.as_ptr())
+    }
+}
+
+/// Loads `n` (<= 8) elements, zero beyond `n`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load_n<const K: u8>(p: *const u8, n: usize) -> __m256 {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if n >= LANES {
+            load8::<K>(p)
+        } else {
+            load_part::<K>(p, n)
+        }
+    }
+}
+
+/// The 8 lanes summed by a fixed pairwise tree: lane i + lane i+4, then i + i+2, then the two.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn reduce(v: __m256) -> f32 {
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2)))
+}
+
+/// Accumulator chains per row, as on AVX-512: consecutive 8-lane steps go to chains 0..3 in
+/// turn, added (0 + 1) + (2 + 3) before the lanes are reduced.
+const CHAINS: usize = 4;
+
+/// `NR` dot products over ordered segments (see [`crate::dot::dotn_segments`]).
+pub fn dotn<A: Element, B: Element, const NR: usize>(
+    a: &[A],
+    rows: [&[B]; NR],
+    segs: &[(usize, usize)],
+    next: Option<[&[B]; NR]>,
+) -> [f32; NR] {
+    let rp = rows.map(|s: &[B]| s.as_ptr().cast::<u8>());
+    let np = next.map(|n| n.map(|s: &[B]| s.as_ptr().cast::<u8>()));
+    let ap = a.as_ptr().cast::<u8>();
+    // SAFETY: `isa()` checked the CPU features; rows and segments are in bounds (checked by the
+    // caller).
+    unsafe {
+        match (kind::<A>(), kind::<B>()) {
+            (Kind::Bf16, Kind::Bf16) => fma_dotn::<BF16, BF16, NR>(ap, rp, segs, np),
+            (Kind::F16, Kind::F16) => fma_dotn::<F16, F16, NR>(ap, rp, segs, np),
+            (Kind::F32, Kind::F32) => fma_dotn::<F32, F32, NR>(ap, rp, segs, np),
+            (Kind::F32, Kind::F16) => fma_dotn::<F32, F16, NR>(ap, rp, segs, np),
+            (Kind::F32, Kind::Bf16) => fma_dotn::<F32, BF16, NR>(ap, rp, segs, np),
+            _ => crate::dot::portable::dotn(a, rows, segs),
+        }
+    }
+}
+
+/// Convert-and-FMA dot products, 8 lanes per step, [`CHAINS`] chains per row.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fma_dotn<const KA: u8, const KB: u8, const NR: usize>(
+    a: *const u8,
+    rows: [*const u8; NR],
+    segs: &[(usize, usize)],
+    next: Option<[*const u8; NR]>,
+) -> [f32; NR] {
+    let (sa, sb) = (size_of_kind(KA), size_of_kind(KB));
+    // One round is CHAINS steps; it spans this many bytes of a row, prefetched a line at a time.
+    let round = LANES * CHAINS;
+    let lines = (round * sb).div_ceil(64);
+    let mut sum = [0f32; NR];
+    for &(s, e) in segs {
+        let mut acc = [[_mm256_setzero_ps(); CHAINS]; NR];
+        let mut i = s;
+        // SAFETY (both loops): elements `i..e` remain in `a` and in every row; `next` rows hold
+        // as many (checked by the caller); partial steps read only what remains.
+        unsafe {
+            while i + round <= e {
+                if let Some(next) = next {
+                    for r in next {
+                        for l in 0..lines {
+                            _mm_prefetch::<_MM_HINT_T0>(r.add(i * sb + 64 * l).cast::<i8>());
+                        }
+                    }
+                }
+                for c in 0..CHAINS {
+                    let at = i + LANES * c;
+                    let x = load8::<KA>(a.add(at * sa));
+                    for r in 0..NR {
+                        let w = load8::<KB>(rows[r].add(at * sb));
+                        acc[r][c] = _mm256_fmadd_ps(x, w, acc[r][c]);
+                    }
+                }
+                i += round;
+            }
+            for c in 0..CHAINS {
+                let at = i + LANES * c;
+                if at < e {
+                    let n = LANES.min(e - at);
+                    let x = load_n::<KA>(a.add(at * sa), n);
+                    for r in 0..NR {
+                        let w = load_n::<KB>(rows[r].add(at * sb), n);
+                        acc[r][c] = _mm256_fmadd_ps(x, w, acc[r][c]);
+                    }
+                }
+            }
+        }
+        for r in 0..NR {
+            let c = &acc[r];
+            sum[r] += reduce(_mm256_add_ps(
+                _mm256_add_ps(c[0], c[1]),
+                _mm256_add_ps(c[2], c[3]),
+            ));
+        }
+    }
+    sum
+}
+
+/// `y[i] += a * x[i]` (lengths equal, checked by the caller); full-width stores, the tail
+/// element by element with the same fused multiply-add.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    let av = _mm256_set1_ps(a);
+    let full = x.len() / LANES * LANES;
+    let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());
+    // SAFETY: `i + 8 <= full <= len` in the loop.
+    unsafe {
+        for i in (0..full).step_by(LANES) {
+            let v = _mm256_fmadd_ps(av, _mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(yp.add(i)));
+            _mm256_storeu_ps(yp.add(i), v);
+        }
+    }
+    for i in full..x.len() {
+        y[i] = a.mul_add(x[i], y[i]);
+    }
+}
+
+/// [`crate::activation::softcap`] over a slice, compiled for 8 lanes. No multiply-add is fused
+/// (Rust never contracts), so the bits are the scalar function's.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn softcap_slice(xs: &mut [f32], cap: f32) {
+    crate::activation::softcap_each(xs, cap)
+}
+
+/// The bandwidth probe's chunk sum compiled for 256-bit registers.
+#[target_feature(enable = "avx2")]
+pub unsafe fn read_chunk(words: &[u64]) -> u64 {
+    crate::bandwidth::read_chunk_each(words)
+}
+
+/// GEMM `c += a . b^T` as f32 FMA tiles over widened operands (see [`crate::gemm`]).
+pub mod gemm {
+    use super::*;
+    use crate::gemm::tile_rows;
+
+    /// Rows of `a` per register tile.
+    const MR: usize = 4;
+    /// Rows of `b` per register tile: 4 x 3 = 12 accumulators and three weight vectors of the
+    /// 16 registers (activation loads fold into the multiply-adds).
+    const NR: usize = 3;
+    /// Reduction steps per widened chunk of a weight panel (3 rows x 4 KiB stay in L1).
+    const KC: usize = 1024;
+    /// Panel row stride: KC plus one cache line, so the rows do not alias 4 KiB apart.
+    const PANEL_LD: usize = KC + 16;
+
+    type Acc = [[__m256; NR]; MR];
+
+    thread_local! {
+        /// Per-thread widened operands, reused across calls (no page faults per expert).
+        static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+            const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    }
+
+    /// Shapes were checked by [`crate::gemm::gemm_nt`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn gemm<W: Element>(
+        a: &[W],
+        lda: usize,
+        b: &[W],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) {
+        SCRATCH.with_borrow_mut(|(a32, panel)| {
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                match kind_code::<W>() {
+                    F32 => gemm_in::<F32, W>(a, lda, b, ldb, c, ldc, m, n, k, a32, panel),
+                    F16 => gemm_in::<F16, W>(a, lda, b, ldb, c, ldc, m, n, k, a32, panel),
+                    _ => gemm_in::<BF16, W>(a, lda, b, ldb, c, ldc, m, n, k, a32, panel),
+                }
+            }
+        });
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn gemm_in<const K: u8, W: Element>(
+        a: &[W],
+        lda: usize,
+        b: &[W],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+        m: usize,
+        n: usize,
+        k: usize,
+        a32: &mut Vec<f32>,
+        panel: &mut Vec<f32>,
+    ) {
+        let k8 = k.next_multiple_of(LANES);
+        // Activations widened once, rows padded with zeros to whole steps, on a cache line.
+        let a32 = aligned(a32, m * k8);
+        for i in 0..m {
+            let row = &mut a32[i * k8..(i + 1) * k8];
+            row[k..].fill(0.0);
+            // SAFETY: row i of `a` holds `k` elements (checked by the caller).
+            unsafe { widen::<K>(a.as_ptr().add(i * lda).cast(), k, &mut row[..k], None) };
+        }
+        let tiles = m.div_ceil(MR);
+        let mut acc: Vec<Acc> = vec![[[_mm256_setzero_ps(); NR]; MR]; tiles];
+        let panel = aligned(panel, NR * PANEL_LD);
+        let size = size_of_kind(K);
+        for j0 in (0..n).step_by(NR) {
+            let nj = NR.min(n - j0);
+            let brows = tile_rows::<NR>(ldb, j0, nj);
+            let next = (j0 + NR < n).then(|| tile_rows::<NR>(ldb, j0 + NR, NR.min(n - j0 - NR)));
+            acc.iter_mut()
+                .for_each(|t| *t = [[_mm256_setzero_ps(); NR]; MR]);
+            for kc in (0..k).step_by(KC) {
+                let len = KC.min(k - kc);
+                let steps = len.next_multiple_of(LANES);
+                for (r, &off) in brows.iter().enumerate() {
+                    let dst = &mut panel[r * PANEL_LD..r * PANEL_LD + steps];
+                    dst[len..].fill(0.0);
+                    // The same chunk of the next panel's row is fetched while this one widens.
+                    // SAFETY: row `j0 + r` of `b` holds `k` elements from `off`, and so does
+                    // the next panel's row.
+                    unsafe {
+                        let base = b.as_ptr().cast::<u8>();
+                        let ahead = next.map(|nx| base.add((nx[r] + kc) * size));
+                        widen::<K>(base.add((off + kc) * size), len, &mut dst[..len], ahead);
+                    }
+                }
+                for (t, tile_acc) in acc.iter_mut().enumerate() {
+                    let arows = tile_rows::<MR>(k8, t * MR, MR.min(m - t * MR));
+                    // SAFETY: a32 rows hold k8 >= kc + steps elements; panel rows hold KC.
+                    unsafe {
+                        fma_tile(
+                            arows.map(|o| a32.as_ptr().add(o + kc)),
+                            std::array::from_fn(|r| panel.as_ptr().add(r * PANEL_LD)),
+                            steps,
+                            tile_acc,
+                        )
+                    };
+                }
+            }
+            for (t, tile_acc) in acc.iter().enumerate() {
+                let (i0, mi) = (t * MR, MR.min(m - t * MR));
+                for ti in 0..mi {
+                    let crow = &mut c[(i0 + ti) * ldc + j0..][..nj];
+                    for tj in 0..nj {
+                        crow[tj] += reduce(tile_acc[ti][tj]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `len` elements of `buf` starting on a 64-byte boundary.
+    fn aligned(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+        buf.resize(len + 16, 0.0);
+        let skip = buf.as_ptr().align_offset(64);
+        &mut buf[skip..skip + len]
+    }
+
+    /// `dst[i] = src[i] as f32` for `len` elements of kind `K`, prefetching `ahead` alongside.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn widen<const K: u8>(
+        src: *const u8,
+        len: usize,
+        dst: &mut [f32],
+        ahead: Option<*const u8>,
+    ) {
+        let size = size_of_kind(K);
+        let full = len / LANES * LANES;
+        let d = dst.as_mut_ptr();
+        // SAFETY: `len` elements remain at `src` (and at `ahead`); `dst` holds `len`.
+        unsafe {
+            for i in (0..full).step_by(LANES) {
+                if let Some(ahead) = ahead
+                    && (i * size) % 64 == 0
+                {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.add(size * i).cast::<i8>());
+                }
+                _mm256_storeu_ps(d.add(i), load8::<K>(src.add(size * i)));
+            }
+            if full < len {
+                let v: [f32; LANES] = std::mem::transmute(load_part::<K>(
+                    src.add(size * full),
+                    len - full,
+                ));
+                dst[full..].copy_from_slice(&v[..len - full]);
+            }
+        }
+    }
+
+    /// `steps` (a multiple of 8) f32 steps of a 4 x 3 tile.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn fma_tile(a: [*const f32; MR], b: [*const f32; NR], steps: usize, acc_io: &mut Acc) {
+        let mut acc = *acc_io;
+        let mut p = 0;
+        while p < steps {
+            // SAFETY: every row holds `steps` elements.
+            unsafe {
+                let bv: [__m256; NR] = b.map(|r| _mm256_loadu_ps(r.add(p)));
+                for i in 0..MR {
+                    let av = _mm256_loadu_ps(a[i].add(p));
+                    for j in 0..NR {
+                        acc[i][j] = _mm256_fmadd_ps(av, bv[j], acc[i][j]);
+                    }
+                }
+            }
+            p += LANES;
+        }
+        *acc_io = acc;
+    }
+}
