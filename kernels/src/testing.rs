@@ -189,8 +189,87 @@ fn run_typed<W: Elem>(
     shape: &Shape,
     seeds: &[u64],
 ) -> Vec<Report> {
+    let mut case = Case::<W>::new(entry.ir().op, *shape, seeds[0]);
+    run_case(entry, target, &mut case, seeds).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Cases kept between runs, so that every backend and every spec of one op and shape run on
+/// the same weights instead of drawing their own (a 26B-A4B expert bank is 761 million numbers,
+/// seconds to draw). The most recent [`Cases::KEEP`] are kept: one per dtype of a spec.
+#[derive(Default)]
+pub struct Cases {
+    kept: Vec<(CaseKey, Box<dyn std::any::Any>)>,
+}
+
+type CaseKey = (Op, Shape, DType, u64);
+
+impl std::fmt::Debug for Cases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.kept.iter().map(|(key, _)| key))
+            .finish()
+    }
+}
+
+impl Cases {
+    pub const KEEP: usize = 3;
+
+    /// One run of `entry` on `target` at `shape`, on the kept case for (op, shape, dtype, seed)
+    /// or a new one (weights, activations and routes all from `seed`); `Err` says why the
+    /// backend could not run it.
+    pub fn run(
+        &mut self,
+        entry: &KernelEntry,
+        target: Target,
+        dtype: DType,
+        shape: &Shape,
+        seed: u64,
+    ) -> Result<Report, String> {
+        match dtype {
+            DType::F16 => self.run_typed::<f16>(entry, target, shape, seed),
+            DType::Bf16 => self.run_typed::<bf16>(entry, target, shape, seed),
+            DType::F32 => self.run_typed::<f32>(entry, target, shape, seed),
+        }
+    }
+
+    fn run_typed<W: Elem>(
+        &mut self,
+        entry: &KernelEntry,
+        target: Target,
+        shape: &Shape,
+        seed: u64,
+    ) -> Result<Report, String> {
+        let op = entry.ir().op;
+        let key = (op, *shape, W::DTYPE, seed);
+        let kept: (CaseKey, Box<dyn std::any::Any>) =
+            match self.kept.iter().position(|(k, _)| *k == key) {
+                Some(at) => self.kept.remove(at),
+                None => {
+                    // Dropped before the new one is drawn: at most KEEP cases exist at once.
+                    self.kept.truncate(Self::KEEP - 1);
+                    (key, Box::new(Case::<W>::new(op, *shape, seed)))
+                }
+            };
+        self.kept.insert(0, kept);
+        let case = self.kept[0]
+            .1
+            .downcast_mut::<Case<W>>()
+            .expect("the key names the dtype");
+        run_case(entry, target, case, &[seed]).map(|mut r| r.remove(0))
+    }
+}
+
+/// Runs `entry` on `case` once per seed (activations and routes redrawn from each); a backend
+/// that fails to run it (a device error, a program the simulator refuses) is an `Err`.
+fn run_case<W: Elem>(
+    entry: &KernelEntry,
+    target: Target,
+    case: &mut Case<W>,
+    seeds: &[u64],
+) -> Result<Vec<Report>, String> {
     let k = entry.ir();
-    let mut case = Case::<W>::new(k.op, *shape, seeds[0]);
+    let shape = case.shape;
+    let shape = &shape;
     seeds
         .iter()
         .map(|&seed| {
@@ -216,13 +295,13 @@ fn run_typed<W: Elem>(
                 Target::Spyre => {
                     let run =
                         crate::spyre::run(k, shape, &inputs, &mut out, moek_spyre::Mode::Dl16)
-                            .unwrap_or_else(|e| panic!("`{}` on spyre: {e}", k.name));
+                            .map_err(|e| format!("`{}` on spyre: {e}", k.name))?;
                     (None, Some(Modeled::of(&run.cost)))
                 }
                 #[cfg(feature = "wgpu")]
                 Target::Wgpu => {
                     let argmax = crate::wgpu::run(k, shape, &inputs, &mut out)
-                        .unwrap_or_else(|e| panic!("`{}` on wgpu: {e}", k.name));
+                        .map_err(|e| format!("`{}` on wgpu: {e}", k.name))?;
                     (argmax, None)
                 }
                 #[allow(unreachable_patterns)]
@@ -241,7 +320,7 @@ fn run_typed<W: Elem>(
                     Deviation::measure(&out, &want)
                 });
             let (bytes, flops) = case.work();
-            Report {
+            Ok(Report {
                 kernel: k.name.clone(),
                 target,
                 dtype: W::DTYPE,
@@ -258,7 +337,7 @@ fn run_typed<W: Elem>(
                 argmax_ok,
                 modeled,
                 versus_cpu,
-            }
+            })
         })
         .collect()
 }

@@ -40,6 +40,9 @@ enum Command {
         /// Only specs whose name contains this.
         #[arg(long)]
         filter: Option<String>,
+        /// Every row at full size, wgpu prefill on a CPU driver included (minutes).
+        #[arg(long)]
+        full: bool,
     },
     /// Logits of a Gemma-4 checkpoint for the given tokens (JSON).
     Logits(commands::run::LogitsArgs),
@@ -62,7 +65,11 @@ fn main() -> ExitCode {
             dtype,
             f16,
         } => commands::emit::run(&name, backend, dtype.as_deref(), f16),
-        Command::Check { require, filter } => commands::check::run(&require, filter.as_deref()),
+        Command::Check {
+            require,
+            filter,
+            full,
+        } => commands::check::run(&require, filter.as_deref(), full),
         Command::Bench(args) => commands::bench::run(&args),
         Command::Logits(args) => commands::run::logits(&args),
         Command::Generate(args) => commands::run::generate_cmd(&args),

@@ -93,7 +93,7 @@ fn reduce(v: __m256) -> f32 {
 const CHAINS: usize = 4;
 
 /// `NR` dot products over ordered segments (see [`crate::dot::dotn_segments`]).
-pub fn dotn<A: Element, B: Element, const NR: usize>(
+pub(crate) fn dotn<A: Element, B: Element, const NR: usize>(
     a: &[A],
     rows: [&[B]; NR],
     segs: &[(usize, usize)],
@@ -255,7 +255,7 @@ fn reduce_chains(c: [__m256; CHAINS]) -> f32 {
 /// `y[i] += a * x[i]` (lengths equal, checked by the caller); full-width stores, the tail
 /// element by element with the same fused multiply-add.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+pub(crate) unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     let av = _mm256_set1_ps(a);
     let full = x.len() / LANES * LANES;
     let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());
@@ -274,18 +274,18 @@ pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
 /// [`crate::activation::softcap`] over a slice, compiled for 8 lanes. No multiply-add is fused
 /// (Rust never contracts), so the bits are the scalar function's.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn softcap_slice(xs: &mut [f32], cap: f32) {
+pub(crate) unsafe fn softcap_slice(xs: &mut [f32], cap: f32) {
     crate::activation::softcap_each(xs, cap)
 }
 
 /// The bandwidth probe's chunk sum compiled for 256-bit registers.
 #[target_feature(enable = "avx2")]
-pub unsafe fn read_chunk(words: &[u64]) -> u64 {
+pub(crate) unsafe fn read_chunk(words: &[u64]) -> u64 {
     crate::bandwidth::read_chunk_each(words)
 }
 
 /// GEMM `c += a . b^T` as f32 FMA tiles over widened operands (see [`crate::gemm`]).
-pub mod gemm {
+pub(crate) mod gemm {
     use super::*;
     use crate::gemm::tile_rows;
 
@@ -296,6 +296,10 @@ pub mod gemm {
     const NR: usize = 3;
     /// Reduction steps per widened chunk of a weight panel (3 rows x 4 KiB stay in L1).
     const KC: usize = 1024;
+    /// Rows of `a` per block: a block's widened chunk (MC x KC f32, 256 KiB) stays in L2 while
+    /// every weight panel passes; a whole 512-token prompt (5.8 MB widened) would be read from
+    /// L3 once per panel of three weight rows.
+    const MC: usize = 64;
     /// Panel row stride: KC plus one cache line, so the rows do not alias 4 KiB apart.
     const PANEL_LD: usize = KC + 16;
 
@@ -309,7 +313,7 @@ pub mod gemm {
 
     /// Shapes were checked by [`crate::gemm::gemm_nt`].
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn gemm<W: Element>(
+    pub(crate) unsafe fn gemm<W: Element>(
         a: &[W],
         lda: usize,
         b: &[W],
@@ -321,12 +325,17 @@ pub mod gemm {
         k: usize,
     ) {
         SCRATCH.with_borrow_mut(|(a32, panel)| {
-            // SAFETY: forwarded from the caller.
-            unsafe {
-                match kind_code::<W>() {
-                    F32 => gemm_in::<F32, W>(a, lda, b, ldb, c, ldc, m, n, k, a32, panel),
-                    F16 => gemm_in::<F16, W>(a, lda, b, ldb, c, ldc, m, n, k, a32, panel),
-                    _ => gemm_in::<BF16, W>(a, lda, b, ldb, c, ldc, m, n, k, a32, panel),
+            // Blocks of MC rows of `a`, each against all of `b`: every output is still one sum
+            // over the whole reduction, in the same order.
+            for m0 in (0..m).step_by(MC) {
+                let (a, c, m) = (&a[m0 * lda..], &mut c[m0 * ldc..], MC.min(m - m0));
+                // SAFETY: forwarded from the caller, for rows m0.. of `a` and `c`.
+                unsafe {
+                    match kind_code::<W>() {
+                        F32 => gemm_in::<F32, W>(a, lda, b, ldb, c, ldc, m, n, k, a32, panel),
+                        F16 => gemm_in::<F16, W>(a, lda, b, ldb, c, ldc, m, n, k, a32, panel),
+                        _ => gemm_in::<BF16, W>(a, lda, b, ldb, c, ldc, m, n, k, a32, panel),
+                    }
                 }
             }
         });
@@ -429,17 +438,15 @@ pub mod gemm {
         unsafe {
             for i in (0..full).step_by(LANES) {
                 if let Some(ahead) = ahead
-                    && (i * size) % 64 == 0
+                    && (i * size).is_multiple_of(64)
                 {
                     _mm_prefetch::<_MM_HINT_T0>(ahead.add(size * i).cast::<i8>());
                 }
                 _mm256_storeu_ps(d.add(i), load8::<K>(src.add(size * i)));
             }
             if full < len {
-                let v: [f32; LANES] = std::mem::transmute(load_part::<K>(
-                    src.add(size * full),
-                    len - full,
-                ));
+                let v: [f32; LANES] =
+                    std::mem::transmute(load_part::<K>(src.add(size * full), len - full));
                 dst[full..].copy_from_slice(&v[..len - full]);
             }
         }

@@ -18,6 +18,17 @@ pub enum GpuError {
     F16Switch(String),
     #[error("f16 loads were forced on (MOEK_WGPU_F16=on) but the {0} adapter lacks SHADER_F16")]
     NoF16(String),
+    #[error(
+        "`{program}` binds {needed} storage buffers, and the {adapter} adapter allows {limit} per \
+         shader stage (GL drivers allow 16; Vulkan drivers, lavapipe included, allow more: \
+         `apt-get install mesa-vulkan-drivers`, or WGPU_BACKEND=vulkan)"
+    )]
+    Bindings {
+        program: String,
+        adapter: String,
+        needed: u32,
+        limit: u32,
+    },
     #[error("the device rejected `{what}`: {why}")]
     Validation { what: String, why: String },
     #[error("reading back `{what}` failed: {why}")]
@@ -106,6 +117,12 @@ impl Gpu {
     /// `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan)`.
     pub fn name(&self) -> String {
         format!("{} ({:?})", self.info.name, self.info.backend)
+    }
+
+    /// Whether the adapter is a CPU driver (Mesa's lavapipe or llvmpipe): correct, but
+    /// thousands of times slower than a GPU on a 26B-A4B prefill.
+    pub fn is_cpu(&self) -> bool {
+        self.info.device_type == wgpu::DeviceType::Cpu
     }
 
     /// The largest storage buffer binding, bytes.

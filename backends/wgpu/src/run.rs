@@ -40,6 +40,23 @@ impl Gpu {
     }
 
     fn compile(&self, key: &str, plan: Wgsl) -> Result<Program, GpuError> {
+        // Every binding but the params uniform is a storage buffer; an adapter with too few
+        // slots is a clear error here rather than a validation failure deep in the driver.
+        let storage: usize = plan
+            .tensors
+            .iter()
+            .filter(|t| t.role != Role::Params)
+            .map(|t| t.chunks)
+            .sum();
+        let limit = self.limits.max_storage_buffers_per_shader_stage;
+        if storage > limit as usize {
+            return Err(GpuError::Bindings {
+                program: key.to_string(),
+                adapter: self.name(),
+                needed: storage as u32,
+                limit,
+            });
+        }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = self
             .device

@@ -81,6 +81,9 @@ pub struct Figures {
     pub prefill_gflops: f64,
     pub gemm_crate_gflops: f64,
     pub prefill_ratio: f64,
+    /// The ISA's f32 GEMM peak at the nominal clock on these threads, and the prefill's share.
+    pub isa_peak_gflops: f64,
+    pub prefill_peak_ratio: f64,
 }
 
 /// The probe read before each timed decode call or step: 256 MiB (8 times the last-level caches
@@ -138,6 +141,14 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, CommandError> {
                 f.prefill_ratio * 100.0,
                 f.gemm_crate_gflops,
                 PREFILL_FLOOR * 100.0
+            );
+            println!(
+                "prefill against the {} f32 FMA peak of {:.1} GFLOP/s ({} threads at {:.2} GHz): {:.0}%",
+                f.isa,
+                f.isa_peak_gflops,
+                f.threads,
+                moek_cpu::isa::nominal_ghz(),
+                f.prefill_peak_ratio * 100.0
             );
         }
     }
@@ -206,6 +217,8 @@ pub fn measure(iters: usize) -> Result<Figures, CommandError> {
         prefill_gflops: flops / prefill_s / 1e9,
         gemm_crate_gflops: flops / gemm_s / 1e9,
         prefill_ratio: gemm_s / prefill_s,
+        isa_peak_gflops: moek_cpu::isa().peak_gflops(threads),
+        prefill_peak_ratio: flops / prefill_s / 1e9 / moek_cpu::isa().peak_gflops(threads),
     })
 }
 

@@ -253,7 +253,7 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
         decode_steps: steps,
         prefill_tokens_per_s: prompt.len() as f64 / prefill_s,
         prefill_gflops: work.prefill_flops / prefill_s / 1e9,
-        isa_peak_gflops: 2.0 * isa.gemm_macs_per_cycle() * nominal_ghz() * threads as f64,
+        isa_peak_gflops: isa.peak_gflops(threads),
         decode_tokens_per_s: 1.0 / step_s,
         decode_ceiling_tokens_per_s: read_bandwidth / work.decode_bytes,
         decode_bandwidth_ratio,
@@ -316,18 +316,6 @@ impl Work {
             moe_decode_bytes: moe_decode,
         }
     }
-}
-
-/// The CPU's nominal clock in GHz (`cpu MHz` of /proc/cpuinfo; 2.0 where absent), for peaks.
-fn nominal_ghz() -> f64 {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("cpu MHz"))
-                .and_then(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
-        })
-        .map_or(2.0, |mhz| mhz / 1e3)
 }
 
 /// The process's peak resident set (`VmHWM`), bytes; 0 where /proc is absent.
