@@ -54,6 +54,13 @@ pub fn check_spec(entry: &KernelEntry, target: Target, dtype: DType) {
     }
 }
 
+/// Whether every dim of the spec admits the size `shape` gives it.
+pub fn admits(k: &Kernel, shape: &Shape) -> bool {
+    k.op.dims()
+        .iter()
+        .all(|&d| k.dim(d).is_none_or(|dim| dim.admits(shape.dim(d))))
+}
+
 /// The problem a spec runs on: its fixed sizes, and `free`'s for its free dims.
 pub fn shape_for(k: &Kernel, free: &Shape) -> Shape {
     let pick = |d: DimName, dflt: usize| match k.dim(d) {
@@ -309,8 +316,10 @@ fn run_case<W: Elem>(
             };
             let seconds = start.elapsed().as_secs_f64();
             let (deviation, argmax_ok) = case.compare(&out, argmax, seed);
-            // A GPU variant is also held to the CPU variant of the same spec, element by element.
-            let versus_cpu = (target == Target::Wgpu)
+            // A GPU variant is also held to the CPU variant of the same spec, element by element,
+            // where that variant takes this shape (a spec's fixed sizes bind its CPU variant; a
+            // WGSL program is emitted for whatever sizes it is run at).
+            let versus_cpu = (target == Target::Wgpu && admits(k, shape))
                 .then(|| W::cpu_fn(&entry.cpu))
                 .flatten()
                 .map(|f| {

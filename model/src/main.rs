@@ -40,7 +40,7 @@ enum Command {
         /// Only specs whose name contains this.
         #[arg(long)]
         filter: Option<String>,
-        /// Every row at full size, wgpu prefill on a CPU driver included (minutes).
+        /// Every row at full size, wgpu on a CPU driver included (minutes).
         #[arg(long)]
         full: bool,
     },

@@ -195,6 +195,31 @@ fn check_runs_the_wgpu_column_with_the_adapter_name() {
 }
 
 #[test]
+fn check_names_what_a_cpu_driver_ran_and_prints_its_wall_time() {
+    let (ok, out, err) = moek(&[
+        "check",
+        "--require",
+        "wgpu",
+        "--filter",
+        "general_lm_head_row",
+    ]);
+    assert!(ok, "{out}{err}");
+    let cut = "run at T=1 H=2816 V=32768, not the spec's T=1 H=2816 V=262144";
+    // Mesa's CPU drivers (CI's lavapipe) run the head at fewer rows and say so; a GPU runs it whole.
+    let cpu_driver = out.contains("llvmpipe") || out.contains("lavapipe");
+    assert_eq!(
+        out.matches(cut).count(),
+        if cpu_driver { 3 } else { 0 },
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("check took ") && l.contains("(CPU ISA ")),
+        "{out}"
+    );
+}
+
+#[test]
 fn emit_prints_the_wgsl_program() {
     let (ok, out, err) = moek(&["emit", "decode_expert_ffn_blocked", "--backend", "wgsl"]);
     assert!(ok, "{err}");

@@ -529,14 +529,15 @@ fn runs<'s>(
 /// `[rows, cols]` -> `[cols, rows]`, in cache-sized blocks (also how hosts put checkpoint
 /// layouts into the device's stick layouts).
 pub fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    const B: usize = 32;
+    // Blocks of 8 columns: each source row gives 8 neighbours, written to 8 output rows, so
+    // every line read and written is used whole while the block is in cache.
+    const B: usize = 8;
     let mut t = vec![0f32; rows * cols];
-    for r0 in (0..rows).step_by(B) {
-        for c0 in (0..cols).step_by(B) {
-            for r in r0..(r0 + B).min(rows) {
-                for c in c0..(c0 + B).min(cols) {
-                    t[c * rows + r] = m[r * cols + c];
-                }
+    for c0 in (0..cols).step_by(B) {
+        let w = B.min(cols - c0);
+        for (r, row) in m[..rows * cols].chunks_exact(cols).enumerate() {
+            for (j, &v) in row[c0..c0 + w].iter().enumerate() {
+                t[(c0 + j) * rows + r] = v;
             }
         }
     }

@@ -5,8 +5,9 @@
 //! compared. Exits non-zero when any variant is outside its tolerance or the backends disagree.
 //!
 //! Every backend and every spec of one op and shape run on the same random case (drawing a
-//! 26B-A4B expert bank takes seconds). On a CPU wgpu driver (lavapipe), prefill rows run at
-//! [`WGPU_CPU_PREFILL_T`] tokens and say so; `--full` runs them at the spec's size.
+//! 26B-A4B expert bank takes seconds). On a CPU wgpu driver (lavapipe), prefill and LM head
+//! rows run at smaller sizes ([`cut_for_cpu_driver`]) and say so; `--full` runs every row at
+//! the spec's size.
 
 use super::CommandError;
 use moek_kernels::dispatch::{self, Backend};
@@ -16,10 +17,24 @@ use moek_kernels::{Shape, geometry, specs};
 use std::process::ExitCode;
 use std::time::Instant;
 
-/// Tokens a prefill row runs on a CPU wgpu driver unless `--full`: the dense persistent loop
-/// over 128 experts and 512 tokens takes about three minutes a row on lavapipe; at 32 tokens the
-/// same program (every expert, every loop trip, every core split) takes seconds.
-pub const WGPU_CPU_PREFILL_T: usize = 32;
+/// What a wgpu row runs at on a CPU driver unless `--full`: prefill rows at 32 tokens and 16
+/// experts, the LM head at 32768 vocabulary rows. On lavapipe the dense persistent loop over 128
+/// experts and 512 tokens takes three minutes a row (still 25-50 s at 8 tokens: each of the 32
+/// token groups reads every expert's weights) and the 262144-row head 13-21 s; cut, the same
+/// programs (every loop trip's steps, core split, route list and column block) take seconds.
+/// Decode rows keep their full size.
+fn cut_for_cpu_driver(shape: &Shape) -> Option<Shape> {
+    const PREFILL_T: usize = 32;
+    const PREFILL_E: usize = 16;
+    const HEAD_V: usize = 32768;
+    let mut cut = *shape;
+    if cut.t > PREFILL_T {
+        cut.t = PREFILL_T;
+        cut.e = cut.e.min(PREFILL_E);
+    }
+    cut.v = cut.v.min(HEAD_V);
+    (cut != *shape).then_some(cut)
+}
 
 /// Sizes for free dims: the 26B-A4B layer (decode when T is free and may be 1, a 512-token prompt
 /// when it must be more).
@@ -54,7 +69,7 @@ pub fn run(require: &[String], filter: Option<&str>, full: bool) -> Result<ExitC
         .collect();
     // Without an adapter the wgpu rows say so and the other backends still run.
     let adapter = wgpu_adapter();
-    let cut_wgpu_prefill = !full && wgpu_is_cpu();
+    let cut_wgpu = !full && wgpu_is_cpu();
     if cfg!(feature = "wgpu") {
         match &adapter {
             Ok(name) => println!("wgpu adapter: {name}"),
@@ -86,13 +101,11 @@ pub fn run(require: &[String], filter: Option<&str>, full: bool) -> Result<ExitC
                     );
                     continue;
                 }
-                let mut shape = shape;
-                let cut = backend.target == Target::Wgpu
-                    && cut_wgpu_prefill
-                    && shape.t > WGPU_CPU_PREFILL_T;
-                if cut {
-                    shape.t = WGPU_CPU_PREFILL_T;
-                }
+                let full_shape = shape;
+                let cut = (backend.target == Target::Wgpu && cut_wgpu)
+                    .then(|| cut_for_cpu_driver(&shape))
+                    .flatten();
+                let shape = cut.unwrap_or(shape);
                 let chosen = dispatch::choose(specs::all(), backend, k.op, dtype, &shape, None)
                     .map_or_else(|e| format!("none ({e})"), |c| c.kernel);
                 let report = match cases.run(entry, backend.target, dtype, &shape, seed) {
@@ -115,11 +128,12 @@ pub fn run(require: &[String], filter: Option<&str>, full: bool) -> Result<ExitC
                 };
                 failed += usize::from(!report.passed());
                 print_row(&report, &chosen);
-                if cut {
+                if cut.is_some() {
                     println!(
-                        "{:<44} run at T={WGPU_CPU_PREFILL_T}, not the spec's {}: this wgpu adapter is a CPU driver (`--full` runs it)",
+                        "{:<44} run at {}, not the spec's {}: this wgpu adapter is a CPU driver (`--full` runs it)",
                         "",
-                        real_shape(k).t
+                        moek_kernels::inputs::describe(k.op, &shape),
+                        moek_kernels::inputs::describe(k.op, &full_shape),
                     );
                 }
             }
