@@ -6,8 +6,8 @@
 //!
 //! Every backend and every spec of one op and shape run on the same random case (drawing a
 //! 26B-A4B expert bank takes seconds). On a CPU wgpu driver (lavapipe), prefill and LM head
-//! rows run at smaller sizes ([`cut_for_cpu_driver`]) and say so; `--full` runs every row at
-//! the spec's size.
+//! rows run at smaller sizes (`testing::cpu_driver_shape`) and say so; `--full` runs every row
+//! at the spec's size.
 
 use super::CommandError;
 use moek_kernels::dispatch::{self, Backend};
@@ -16,25 +16,6 @@ use moek_kernels::testing::{self, Cases, Report};
 use moek_kernels::{Shape, geometry, specs};
 use std::process::ExitCode;
 use std::time::Instant;
-
-/// What a wgpu row runs at on a CPU driver unless `--full`: prefill rows at 32 tokens and 16
-/// experts, the LM head at 32768 vocabulary rows. On lavapipe the dense persistent loop over 128
-/// experts and 512 tokens takes three minutes a row (still 25-50 s at 8 tokens: each of the 32
-/// token groups reads every expert's weights) and the 262144-row head 13-21 s; cut, the same
-/// programs (every loop trip's steps, core split, route list and column block) take seconds.
-/// Decode rows keep their full size.
-fn cut_for_cpu_driver(shape: &Shape) -> Option<Shape> {
-    const PREFILL_T: usize = 32;
-    const PREFILL_E: usize = 16;
-    const HEAD_V: usize = 32768;
-    let mut cut = *shape;
-    if cut.t > PREFILL_T {
-        cut.t = PREFILL_T;
-        cut.e = cut.e.min(PREFILL_E);
-    }
-    cut.v = cut.v.min(HEAD_V);
-    (cut != *shape).then_some(cut)
-}
 
 /// Sizes for free dims: the 26B-A4B layer (decode when T is free and may be 1, a 512-token prompt
 /// when it must be more).
@@ -69,7 +50,6 @@ pub fn run(require: &[String], filter: Option<&str>, full: bool) -> Result<ExitC
         .collect();
     // Without an adapter the wgpu rows say so and the other backends still run.
     let adapter = wgpu_adapter();
-    let cut_wgpu = !full && wgpu_is_cpu();
     if cfg!(feature = "wgpu") {
         match &adapter {
             Ok(name) => println!("wgpu adapter: {name}"),
@@ -102,8 +82,8 @@ pub fn run(require: &[String], filter: Option<&str>, full: bool) -> Result<ExitC
                     continue;
                 }
                 let full_shape = shape;
-                let cut = (backend.target == Target::Wgpu && cut_wgpu)
-                    .then(|| cut_for_cpu_driver(&shape))
+                let cut = (!full)
+                    .then(|| testing::cpu_driver_shape(backend.target, &shape))
                     .flatten();
                 let shape = cut.unwrap_or(shape);
                 let chosen = dispatch::choose(specs::all(), backend, k.op, dtype, &shape, None)
@@ -164,18 +144,6 @@ pub fn run(require: &[String], filter: Option<&str>, full: bool) -> Result<ExitC
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Whether the wgpu adapter is a CPU driver (no adapter: false).
-fn wgpu_is_cpu() -> bool {
-    #[cfg(feature = "wgpu")]
-    {
-        moek_kernels::wgpu::Gpu::shared().is_ok_and(|g| g.is_cpu())
-    }
-    #[cfg(not(feature = "wgpu"))]
-    {
-        false
-    }
 }
 
 /// The shared wgpu device's name and f16 mode, or why there is none.
