@@ -287,7 +287,7 @@ pub(crate) unsafe fn read_chunk(words: &[u64]) -> u64 {
 /// GEMM `c += a . b^T` as f32 FMA tiles over widened operands (see [`crate::gemm`]).
 pub(crate) mod gemm {
     use super::*;
-    use crate::gemm::tile_rows;
+    use crate::gemm::{aligned, tile_rows};
 
     /// Rows of `a` per register tile.
     const MR: usize = 4;
@@ -413,13 +413,6 @@ pub(crate) mod gemm {
                 }
             }
         }
-    }
-
-    /// `len` elements of `buf` starting on a 64-byte boundary.
-    fn aligned(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
-        buf.resize(len + 16, 0.0);
-        let skip = buf.as_ptr().align_offset(64);
-        &mut buf[skip..skip + len]
     }
 
     /// `dst[i] = src[i] as f32` for `len` elements of kind `K`, prefetching `ahead` alongside.

@@ -67,6 +67,14 @@ pub(crate) fn tile_rows<const N: usize>(ld: usize, i: usize, count: usize) -> [u
     std::array::from_fn(|t| (i + t.min(count - 1)) * ld)
 }
 
+/// `len` elements of `buf` starting on a 64-byte boundary (scratch for widened operands: a
+/// 64-byte load that straddles two cache lines costs two).
+pub(crate) fn aligned(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    buf.resize(len + 16, 0.0);
+    let skip = buf.as_ptr().align_offset(64);
+    &mut buf[skip..skip + len]
+}
+
 /// Dot products, four rows of `b` at a time against each row of `a`, the next four prefetched
 /// (one row of `a`: [`dot_rows`], one row of `b` at a time):
 /// the portable path, and the streaming one for fewer than [`STREAM_ROWS`] rows (decode), where
@@ -226,13 +234,6 @@ mod avx512 {
                 }
             }
         }
-    }
-
-    /// `len` elements of `buf` starting on a 64-byte boundary.
-    fn aligned(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
-        buf.resize(len + 16, 0.0);
-        let skip = buf.as_ptr().align_offset(64);
-        &mut buf[skip..skip + len]
     }
 
     /// `dst[i] = src[i] as f32` for `len` elements, prefetching `ahead` (as many elements) alongside.
