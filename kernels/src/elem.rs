@@ -21,7 +21,9 @@ impl Elem for f16 {
         f16::from_f32(v)
     }
     fn to_f32(self) -> f32 {
-        f16::to_f32(self)
+        // The software conversion: `to_f32` asks the CPU for F16C on every element, which keeps
+        // loops over whole banks from vectorising.
+        self.to_f32_const()
     }
     fn cpu_fn(fns: &CpuFns) -> Option<CpuFn<Self>> {
         fns.f16

@@ -114,13 +114,13 @@ fn bind<W: Elem>(
     let bank =
         |host: &[W], per_expert: usize, row0: usize, rows: usize, cols: usize, len: usize| {
             let mut d = half(len);
-            for &e in &experts {
+            d.write_blocks(rows * cols, &experts, |e| {
                 let block: Vec<f32> = host[(e * per_expert + row0) * cols..][..rows * cols]
                     .iter()
                     .map(|w| w.to_f32())
                     .collect();
-                d.write_at(e * rows * cols, &moek_spyre::transpose(&block, rows, cols));
-            }
+                moek_spyre::transpose(&block, rows, cols)
+            });
             d
         };
     let mut dev = Device::default();

@@ -63,10 +63,82 @@ pub fn decode(v: u16) -> f32 {
     }
 }
 
-/// The value of every packed DL16 number, indexed by its bits (the simulator's fast decode).
-pub fn table() -> &'static [f32] {
-    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| (0..=u16::MAX).map(decode).collect())
+/// `dst[i] = encode(src[i])`, in selects rather than branches so that it vectorises (binding
+/// a bank encodes hundreds of millions of values).
+pub fn encode_slice(src: &[f32], dst: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was detected.
+        return unsafe { encode_slice_avx2(src, dst) };
+    }
+    encode_slice_any(src, dst);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn encode_slice_avx2(src: &[f32], dst: &mut [u16]) {
+    encode_slice_any(src, dst);
+}
+
+#[inline(always)]
+fn encode_slice_any(src: &[f32], dst: &mut [u16]) {
+    const DROP: u32 = 23 - FRACTION;
+    const MIN_BITS: u32 = MIN_NORMAL.to_bits();
+    const MAX_BITS: u32 = MAX.to_bits();
+    const INF_BITS: u32 = f32::INFINITY.to_bits();
+    for (d, &x) in dst.iter_mut().zip(src) {
+        let bits = x.to_bits();
+        let sign = (bits >> 31) << 15;
+        let a = bits & 0x7FFF_FFFF;
+        // Round to nearest even on the magnitude, as `round` does.
+        let r = (a + (1 << (DROP - 1)) - 1 + ((a >> DROP) & 1)) & !((1 << DROP) - 1);
+        let exponent = (r >> 23).wrapping_sub((127 - BIAS) as u32);
+        let normal = (exponent << FRACTION) | ((r >> DROP) & 0x1FF);
+        let largest = (((MAX_BITS >> 23) - (127 - BIAS) as u32) << FRACTION) | 0x1FF;
+        let v = if a > INF_BITS {
+            0x7FFF
+        } else if a < MIN_BITS {
+            0
+        } else if r > MAX_BITS {
+            largest
+        } else {
+            normal
+        };
+        *d = (sign | v) as u16;
+    }
+}
+
+/// `dst[i] = decode(src[i])`, without branches so that it vectorises (the simulator's DMA
+/// reads; a 256 KiB lookup table competed with the matmuls for L2).
+pub fn decode_slice(src: &[u16], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was detected.
+        return unsafe { decode_slice_avx2(src, dst) };
+    }
+    decode_slice_any(src, dst);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn decode_slice_avx2(src: &[u16], dst: &mut [f32]) {
+    decode_slice_any(src, dst);
+}
+
+#[inline(always)]
+fn decode_slice_any(src: &[u16], dst: &mut [f32]) {
+    for (d, &v) in dst.iter_mut().zip(src) {
+        let v = u32::from(v);
+        let sign = (v >> 15) << 31;
+        let exponent = (v >> FRACTION) & 0x3F;
+        let normal = sign | ((exponent + (127 - BIAS) as u32) << 23) | ((v & 0x1FF) << 14);
+        let bits = match exponent {
+            0 => sign,
+            63 => f32::NAN.to_bits(),
+            _ => normal,
+        };
+        *d = f32::from_bits(bits);
+    }
 }
 
 /// The exponent range, for tests and docs.
@@ -107,6 +179,47 @@ mod tests {
         assert_eq!(decode(encode(MAX)), MAX);
         assert_eq!(decode(encode(-MIN_NORMAL)), -MIN_NORMAL);
         assert_eq!(decode(encode(1e-12)), 0.0);
+    }
+
+    #[test]
+    fn the_slice_decode_agrees_with_decode_for_every_bit_pattern() {
+        let all: Vec<u16> = (0..=u16::MAX).collect();
+        let mut got = vec![0f32; all.len()];
+        decode_slice(&all, &mut got);
+        for (&v, g) in all.iter().zip(&got) {
+            let want = decode(v);
+            assert!(
+                g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                "{v:#06x}: {g} against {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_slice_encode_agrees_with_encode() {
+        let mut xs: Vec<f32> = (0..=u32::MAX).step_by(997).map(f32::from_bits).collect();
+        xs.extend([
+            0.0,
+            -0.0,
+            MIN_NORMAL,
+            -MIN_NORMAL,
+            MAX,
+            -MAX,
+            f32::INFINITY,
+            f32::NAN,
+        ]);
+        xs.extend([
+            f32::NEG_INFINITY,
+            1.0 + 1.0 / 1024.0,
+            1.0 + 3.0 / 1024.0,
+            1e-12,
+            -1e12,
+        ]);
+        let mut got = vec![0u16; xs.len()];
+        encode_slice(&xs, &mut got);
+        for (x, g) in xs.iter().zip(&got) {
+            assert_eq!(*g, encode(*x), "{x:e} ({:#010x})", x.to_bits());
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 pub mod cost;
 pub mod dl16;
+pub mod matmul;
 pub mod simulate;
 pub mod validate;
 

@@ -49,12 +49,7 @@ impl Data {
     fn read(&self, off: usize, dst: &mut [f32]) {
         match self {
             Data::F32(v) => dst.copy_from_slice(&v[off..off + dst.len()]),
-            Data::Dl16(v) => {
-                let table = dl16::table();
-                dst.iter_mut()
-                    .zip(&v[off..])
-                    .for_each(|(d, s)| *d = table[usize::from(*s)]);
-            }
+            Data::Dl16(v) => dl16::decode_slice(&v[off..off + dst.len()], dst),
         }
     }
 
@@ -65,10 +60,32 @@ impl Data {
                     *d = if round { dl16::round(*s) } else { *s };
                 }
             }
-            Data::Dl16(v) => v[off..off + src.len()]
-                .iter_mut()
-                .zip(src)
-                .for_each(|(d, s)| *d = dl16::encode(*s)),
+            Data::Dl16(v) => dl16::encode_slice(src, &mut v[off..off + src.len()]),
+        }
+    }
+
+    /// Writes block `b` (elements `b * len..(b + 1) * len`) from `make(b)` for every `b` in
+    /// `blocks`, blocks in parallel (binding a bank of experts).
+    pub fn write_blocks(
+        &mut self,
+        len: usize,
+        blocks: &[usize],
+        make: impl Fn(usize) -> Vec<f32> + Sync,
+    ) {
+        fn each<T: Send>(
+            v: &mut [T],
+            len: usize,
+            blocks: &[usize],
+            put: impl Fn(usize, &mut [T]) + Sync,
+        ) {
+            v.par_chunks_mut(len)
+                .enumerate()
+                .filter(|(b, _)| blocks.contains(b))
+                .for_each(|(b, dst)| put(b, dst));
+        }
+        match self {
+            Data::F32(v) => each(v, len, blocks, |b, dst| dst.copy_from_slice(&make(b))),
+            Data::Dl16(v) => each(v, len, blocks, |b, dst| dl16::encode_slice(&make(b), dst)),
         }
     }
 
@@ -421,9 +438,7 @@ impl<'a> Ctx<'a, '_> {
                 if !accumulate {
                     o[..m * n].fill(0.0);
                 }
-                // b is [k, n]: transpose it once so the CPU's GEMM tiles read both along k.
-                let bt = transpose(&bv[..k * n], *k, *n);
-                moek_cpu::gemm_nt(av, *k, &bt, *k, &mut o, *n, *m, *n, *k);
+                crate::matmul::matmul(av, bv, &mut o, *m, *k, *n);
                 self.store(core, out, o);
                 core.counters.macs += (m * k * n) as u64;
             }
