@@ -1,4 +1,4 @@
-//! Criterion benches of the seeds' kernels at the 26B-A4B geometry, beside their floors: memory
+//! Criterion benches of the built-in kernels at the 26B-A4B geometry, beside their floors: memory
 //! read bandwidth for decode, a well-kept GEMM crate (`matrixmultiply`) for prefill. `moek bench`
 //! prints the same comparisons as ratios measured in one run.
 

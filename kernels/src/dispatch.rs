@@ -8,8 +8,8 @@
 use crate::elem::Elem;
 use crate::inputs::{InputError, Inputs};
 use crate::registry::KernelEntry;
-use moek_dsl::ir::{Capability, DType, Kernel, Op, Target};
-use moek_dsl::reference::Shape;
+use moek_ir::{Capability, DType, Kernel, Op, Target};
+use moek_ir::reference::Shape;
 use std::fmt;
 use thiserror::Error;
 
@@ -98,13 +98,13 @@ pub enum Ineligible {
     DType { dtype: DType, supported: String },
     #[error("serves {dim} in {range}, the problem has {dim}={got}")]
     Range {
-        dim: moek_dsl::ir::DimName,
+        dim: moek_ir::DimName,
         range: String,
         got: usize,
     },
     #[error("is fixed at {dim}={fixed}, the problem has {dim}={got}")]
     Dim {
-        dim: moek_dsl::ir::DimName,
+        dim: moek_ir::DimName,
         fixed: usize,
         got: usize,
     },

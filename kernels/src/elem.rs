@@ -2,8 +2,8 @@
 
 use crate::registry::{CpuFn, CpuFns};
 use half::{bf16, f16};
-use moek_dsl::ir::DType;
-use moek_dsl::reference::Real;
+use moek_ir::DType;
+use moek_ir::reference::Real;
 
 /// f16, bf16 or f32: a storage dtype with its IR name and its slot in a spec's function table.
 pub trait Elem:

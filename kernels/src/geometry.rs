@@ -1,7 +1,7 @@
-//! The Gemma-4 26B-A4B MoE geometry the seeds' variants are fixed at, in one place for tests,
+//! The Gemma-4 26B-A4B MoE geometry the optimised variants are fixed at, in one place for tests,
 //! benches and `moek check`.
 
-use moek_dsl::reference::Shape;
+use moek_ir::reference::Shape;
 
 /// One decoded token and its eight routes over the 128-expert bank.
 pub const DECODE: Shape = Shape {

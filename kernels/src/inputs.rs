@@ -1,7 +1,7 @@
 //! The tensors each op takes, and the checks that run before any variant touches them.
 
-use moek_dsl::ir::Op;
-use moek_dsl::reference::Shape;
+use moek_ir::Op;
+use moek_ir::reference::Shape;
 use thiserror::Error;
 
 /// An op's inputs, row-major, in the checkpoint's own layouts.

@@ -1,7 +1,7 @@
 //! Gemma-4 MoE kernels, declared as specs with [`kernel!`], and the dispatch that picks among their
 //! generated variants.
 //!
-//! - [`specs`]: the built-in specs (the seeds' decode and prefill variants, general fallbacks).
+//! - [`specs`]: the built-in specs (the optimised decode and prefill variants, general fallbacks).
 //! - [`dispatch`]: which variant is eligible on a backend, which is chosen and why.
 //! - [`inputs`]: the tensors each op takes, checked before anything runs.
 //! - [`testing`]: the equivalence harness every spec's generated tests call.
@@ -26,8 +26,8 @@ pub mod wgpu;
 pub use dispatch::{Backend, Choice, DispatchError, Ineligible};
 pub use elem::Elem;
 pub use inputs::{InputError, Inputs};
-pub use moek_dsl::ir;
-pub use moek_dsl::reference::Shape;
+pub use moek_ir as ir;
+pub use moek_ir::reference::Shape;
 pub use moek_dsl_macros::kernel;
 pub use registry::{CpuFn, CpuFns, KernelEntry};
 
@@ -42,8 +42,8 @@ pub mod __private {
     pub use crate::registry::{CpuFns, KernelEntry};
     pub use crate::testing;
     pub use half;
-    pub use moek_dsl::ir;
-    pub use moek_dsl::reference::{Shape, argmax};
+    pub use moek_ir as ir;
+    pub use moek_ir::reference::{Shape, argmax};
 
     /// Keeps its items when the `cpu` backend is compiled in, drops them otherwise.
     #[cfg(feature = "cpu")]

@@ -2,8 +2,8 @@
 
 use crate::inputs::Inputs;
 use half::{bf16, f16};
-use moek_dsl::ir::Kernel;
-use moek_dsl::reference::Shape;
+use moek_ir::Kernel;
+use moek_ir::reference::Shape;
 
 /// A compiled CPU variant for one dtype. Returns the argmax for `lm_head_row`, `None` otherwise.
 pub type CpuFn<W> = fn(&Shape, &Inputs<'_, W>, &mut [f32]) -> Option<u32>;

@@ -1,4 +1,4 @@
-//! The built-in specs: the seeds' decode and prefill variants at the 26B-A4B geometry, and the
+//! The built-in specs: the optimised decode and prefill variants at the 26B-A4B geometry, and the
 //! general variants that serve any size and dtype. Each reads like a schedule card; docs/dsl.md
 //! documents every key. [`all`] lists them for dispatch and tools, in declaration order.
 

@@ -1,6 +1,6 @@
 //! The equivalence harness: runs a spec's variant on random inputs and compares it with the f64
-//! reference (`moek_dsl::reference`) under the dtype's written tolerance
-//! (`moek_dsl::tolerance`). Every spec's generated tests call [`check_spec`]; `moek check` prints
+//! reference (`moek_ir::reference`) under the dtype's written tolerance
+//! (`moek_ir::tolerance`). Every spec's generated tests call [`check_spec`]; `moek check` prints
 //! the same [`Report`]s.
 //!
 //! Outputs are poisoned with NaN before a run, so an element a variant fails to write is NaN and
@@ -11,9 +11,9 @@ use crate::elem::Elem;
 use crate::inputs::{Inputs, output_len};
 use crate::registry::KernelEntry;
 use half::{bf16, f16};
-use moek_dsl::ir::{DType, DimName, Kernel, Op, Target};
-use moek_dsl::reference::{self, Shape};
-use moek_dsl::tolerance::{Deviation, Tolerance, tolerance, tolerance_dl16};
+use moek_ir::{DType, DimName, Kernel, Op, Target};
+use moek_ir::reference::{self, Shape};
+use moek_ir::tolerance::{Deviation, Tolerance, tolerance, tolerance_dl16};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;

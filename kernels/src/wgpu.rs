@@ -7,9 +7,10 @@
 
 use crate::elem::Elem;
 use crate::inputs::Inputs;
-use moek_dsl::emit::wgsl::{self, Role, WgslError};
-use moek_dsl::ir::Kernel;
-use moek_dsl::reference::Shape;
+use moek_dsl::emit::wgsl::{self, WgslError};
+use moek_ir::plan::Role;
+use moek_ir::Kernel;
+use moek_ir::reference::Shape;
 use moek_wgpu::{GpuError, GpuTensor};
 use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
@@ -142,7 +143,7 @@ impl<'w> Session<'w> {
         let refs: Vec<&GpuTensor> = bound.iter().map(|t| &**t).collect();
         let result = self.gpu.run(&p, &refs, softcap)?;
         out.copy_from_slice(&result[..out.len()]);
-        Ok(matches!(inputs, Inputs::LmHeadRow { .. }).then(|| moek_dsl::reference::argmax(out)))
+        Ok(matches!(inputs, Inputs::LmHeadRow { .. }).then(|| moek_ir::reference::argmax(out)))
     }
 }
 

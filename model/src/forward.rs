@@ -261,7 +261,7 @@ impl<W: Float> Model<'_, W> {
         Ok(())
     }
 
-    /// One decoder layer (DESIGN.md's formula); `x` is `[S, H]`.
+    /// One decoder layer (docs/gemma4.md); `x` is `[S, H]`.
     fn layer(
         &self,
         i: usize,

@@ -28,7 +28,7 @@ impl Sampling {
     }
 }
 
-pub use moek_dsl::reference::argmax;
+pub use moek_ir::reference::argmax;
 
 /// Picks a token from `logits`: greedy, or temperature, then top-k, then top-p (nucleus).
 pub fn pick(logits: &[f32], s: &Sampling, rng: &mut SmallRng) -> u32 {

@@ -1,4 +1,4 @@
-//! The seeds' optimised variants inside the model: one MoE layer at the real 26B-A4B size (128
+//! The optimised built-in variants inside the model: one MoE layer at the real 26B-A4B size (128
 //! experts, top-8, H 2816, F 704, bf16, random weights), its output through the variants
 //! dispatch picks on the CPU (blocked decode; grouped prefill) against the same layer forced onto
 //! the general gather variant. Each is within the bf16 tolerance of the f64 reference, so they may
@@ -79,11 +79,11 @@ fn moe_weights() -> MoeWeights<'static, half::bf16> {
 }
 
 #[test]
-fn the_seed_variants_match_the_general_variant_in_the_model() {
+fn the_optimised_variants_match_the_general_variant_in_the_model() {
     let mw = moe_weights();
     let fast = model(None, &mw);
     let general = model(Some("general_expert_ffn_gather"), &mw);
-    let tol = moek_dsl::tolerance::tolerance(moek_kernels::ir::DType::Bf16);
+    let tol = moek_ir::tolerance::tolerance(moek_kernels::ir::DType::Bf16);
     for (tokens, expected) in [
         (1, "decode_expert_ffn_blocked"),
         (64, "prefill_expert_ffn_grouped"),
@@ -96,7 +96,7 @@ fn the_seed_variants_match_the_general_variant_in_the_model() {
         let b = general.moe_block(0, &h, &mut trace).unwrap();
         assert_eq!(trace[0].choice.kernel, "general_expert_ffn_gather");
         let want: Vec<f64> = b.iter().map(|&v| f64::from(v)).collect();
-        let dev = moek_dsl::tolerance::Deviation::measure(&a, &want);
+        let dev = moek_ir::tolerance::Deviation::measure(&a, &want);
         assert!(
             dev.rel_l2 <= 2.0 * tol.rel_l2 && dev.max_abs <= 2.0 * tol.max_abs,
             "{tokens} tokens: {dev}"

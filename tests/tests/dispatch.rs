@@ -144,7 +144,7 @@ fn a_missing_capability_falls_back_and_is_recorded() {
             "an explicit request fails: {err:?}"
         );
     }
-    // With every capability, Spyre decode takes the blocked seed variant.
+    // With every capability, Spyre decode takes the blocked variant.
     let c = dispatch::choose(
         specs::all(),
         &Backend::spyre(),
@@ -187,7 +187,7 @@ fn a_spyre_run_through_dispatch_matches_the_reference_and_writes_nothing_when_re
     assert_eq!(choice.kernel, "decode_expert_ffn_ordinary");
     let (dev, _) = case.compare(&out, None, 5);
     assert!(
-        dev.within(moek_dsl::tolerance::tolerance_dl16(DType::Bf16)),
+        dev.within(moek_ir::tolerance::tolerance_dl16(DType::Bf16)),
         "{dev}"
     );
 }
@@ -278,7 +278,7 @@ fn the_dispatched_variant_runs_and_matches_the_reference() {
     assert_eq!(choice.kernel, "general_expert_ffn_grouped");
     let (dev, _) = case.compare(&out, None, 3);
     assert!(
-        dev.within(moek_dsl::tolerance::tolerance(DType::Bf16)),
+        dev.within(moek_ir::tolerance::tolerance(DType::Bf16)),
         "{dev}"
     );
 }
@@ -340,7 +340,7 @@ fn on_wgpu_prefill_falls_back_from_the_persistent_variant_and_a_forced_one_write
     assert_eq!(choice.kernel, "general_expert_ffn_gather");
     let (dev, _) = case.compare(&out, None, 3);
     assert!(
-        dev.within(moek_dsl::tolerance::tolerance(DType::Bf16)),
+        dev.within(moek_ir::tolerance::tolerance(DType::Bf16)),
         "{dev}"
     );
 }
@@ -365,7 +365,7 @@ fn a_wgpu_session_uploads_expert_banks_once_for_prefill_and_decode() {
     session.run(&k, &s, &prefill.inputs(), &mut out).unwrap();
     let (dev, _) = prefill.compare(&out, None, 11);
     assert!(
-        dev.within(moek_dsl::tolerance::tolerance(DType::F16)),
+        dev.within(moek_ir::tolerance::tolerance(DType::F16)),
         "{dev}"
     );
     assert_eq!(session.weight_uploads(), 2);
@@ -383,10 +383,10 @@ fn a_wgpu_session_uploads_expert_banks_once_for_prefill_and_decode() {
     let mut row = vec![f32::NAN; s.h];
     session.run(&k, &one, &inputs, &mut row).unwrap();
     assert_eq!(session.weight_uploads(), 2, "decode reuses the kept banks");
-    let want = moek_dsl::reference::expert_ffn(&one, &x, idx, weights, &prefill.w1, &prefill.w2, 0);
-    let dev = moek_dsl::tolerance::Deviation::measure(&row, &want);
+    let want = moek_ir::reference::expert_ffn(&one, &x, idx, weights, &prefill.w1, &prefill.w2, 0);
+    let dev = moek_ir::tolerance::Deviation::measure(&row, &want);
     assert!(
-        dev.within(moek_dsl::tolerance::tolerance(DType::F16)),
+        dev.within(moek_ir::tolerance::tolerance(DType::F16)),
         "{dev}"
     );
 }

@@ -2,7 +2,7 @@
 //! runs and thread counts; and proof that the harness catches wrong variants.
 
 use half::bf16;
-use moek_dsl::tolerance::{Deviation, tolerance};
+use moek_ir::tolerance::{Deviation, tolerance};
 use moek_kernels::ir::{DType, Op, Target};
 use moek_kernels::registry::{CpuFns, KernelEntry};
 use moek_kernels::specs::*;

@@ -2,8 +2,9 @@
 //! wgpu itself uses), without an adapter: both f16 paths, and bindings cut into chunks.
 //! Running them is the generated `equivalence::wgpu_*` tests' job.
 
-use moek_dsl::emit::wgsl::{self, Device, Role, Step};
-use moek_dsl::ir::{DType, Target};
+use moek_dsl::emit::wgsl;
+use moek_ir::plan::{DeviceCaps, Role, Step};
+use moek_ir::{DType, Target};
 use moek_kernels::specs;
 use moek_kernels::testing::{SMALL, shape_for};
 
@@ -29,7 +30,7 @@ fn every_program_validates_in_both_f16_modes_and_when_chunked() {
         let s = shape_for(k, &SMALL);
         for &dtype in &k.dtypes {
             // A limit a third of the largest weight forces three or four chunks on it.
-            let whole = Device {
+            let whole = DeviceCaps {
                 binding_limit: 1 << 27,
                 f16: false,
             };
@@ -43,7 +44,7 @@ fn every_program_validates_in_both_f16_modes_and_when_chunked() {
                 .expect("every wgpu op reads weights");
             for binding_limit in [1 << 27, largest.div_ceil(3)] {
                 for f16 in [false, true] {
-                    let dev = Device { binding_limit, f16 };
+                    let dev = DeviceCaps { binding_limit, f16 };
                     let p = match wgsl::program(k, dtype, &s, &dev) {
                         Ok(p) => p,
                         Err(e) => panic!("{}: {e}", k.name),
@@ -73,11 +74,11 @@ fn every_program_validates_in_both_f16_modes_and_when_chunked() {
 fn weights_over_the_binding_limit_are_bound_in_whole_rows() {
     let k = specs::decode_expert_ffn_blocked::entry().ir().clone();
     let s = shape_for(&k, &SMALL);
-    let dev = Device {
+    let dev = DeviceCaps {
         binding_limit: 128 << 20,
         f16: false,
     };
-    let p = wgsl::program(&k, DType::Bf16, &s, &dev).expect("the seed decode emits");
+    let p = wgsl::program(&k, DType::Bf16, &s, &dev).expect("the blocked decode emits");
     let gate_up = p.tensors.iter().find(|t| t.name == "gate_up").unwrap();
     // [128, 1408, 2816] bf16 = 1.01 GB: 8 chunks of 16 expert banks, rows never split.
     assert_eq!(gate_up.chunks, 8, "{gate_up:?}");
@@ -94,7 +95,7 @@ fn weights_over_the_binding_limit_are_bound_in_whole_rows() {
 
 #[test]
 fn the_schedule_shows_in_the_program() {
-    let dev = Device {
+    let dev = DeviceCaps {
         binding_limit: 128 << 20,
         f16: false,
     };

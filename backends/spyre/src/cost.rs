@@ -1,6 +1,7 @@
-//! The cost model, from public constants only (DESIGN.md): 1.536 TMAC/s of DL16 per core,
-//! 204.8 GB/s of device memory shared by the active cores (up to 8 cores reading the same region
-//! share one broadcast read: the simulator charges bytes that way), a ring of 128 B per cycle per direction
+//! The cost model, from public constants only (docs/spyre-program.md, "The device, as we model
+//! it"): 1.536 TMAC/s of DL16 per core, 204.8 GB/s of device memory shared by the active cores (up
+//! to 8 cores reading the same region share one broadcast read: the simulator charges bytes that
+//! way), a ring of 128 B per cycle per direction
 //! at an assumed 1.5 GHz (the clock is not public: every report prints the assumption). Each core's
 //! DMA, compute and ring work overlap (double-buffered tiles), so a core takes the longest of the
 //! three; a phase takes its slowest core; phases run one after another. Nothing is fitted.

@@ -1,7 +1,7 @@
 //! The Spyre backend. Nobody here has the card, so this crate is honest twice: [`validate`]
 //! refuses what the hardware would refuse, and [`simulate`] executes every core of a program in
 //! DL16 ([`dl16`]) or exact f32, counting what it moves; [`cost`] turns the counts into modeled
-//! time from public constants. The program format lives in `moek_dsl::spyre::program`.
+//! time from public constants. The program format lives in `moek_ir::spyre`.
 
 pub mod cost;
 pub mod dl16;

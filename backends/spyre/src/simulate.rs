@@ -5,7 +5,7 @@
 
 use crate::dl16;
 use crate::validate::{ValidationError, validate};
-use moek_dsl::spyre::program::*;
+use moek_ir::spyre::*;
 use rayon::prelude::*;
 use std::collections::HashMap;
 use thiserror::Error;

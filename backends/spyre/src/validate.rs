@@ -4,8 +4,8 @@
 //! touched per core per view (per trip for advancing operands), operand sizes, ring reductions
 //! over split dims, and the persistent loop contract.
 
-use moek_dsl::spyre::CORES;
-use moek_dsl::spyre::program::*;
+use moek_ir::spyre::CORES;
+use moek_ir::spyre::*;
 use thiserror::Error;
 
 /// One core addresses at most a 256 MB contiguous span.

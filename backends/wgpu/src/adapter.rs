@@ -133,8 +133,8 @@ impl Gpu {
     }
 
     /// What the emitter needs to know of this device.
-    pub fn emit_device(&self) -> moek_dsl::emit::wgsl::Device {
-        moek_dsl::emit::wgsl::Device {
+    pub fn emit_device(&self) -> moek_ir::plan::DeviceCaps {
+        moek_ir::plan::DeviceCaps {
             binding_limit: self.binding_limit(),
             f16: self.f16 == F16Mode::Native,
         }

@@ -1,4 +1,4 @@
-//! The wgpu runtime of generated WGSL programs (`moek_dsl::emit::wgsl`).
+//! The wgpu runtime of generated WGSL programs (device plans, `moek_ir::plan`).
 //!
 //! - [`adapter`]: which adapter runs (WGPU_BACKEND, WGPU_ADAPTER_NAME, Vulkan with f16 first),
 //!   the device with the adapter's real limits, the f16 switch.

@@ -2,7 +2,7 @@
 
 use crate::adapter::{Gpu, GpuError};
 use crate::tensor::GpuTensor;
-use moek_dsl::emit::wgsl::{Role, Step, Wgsl};
+use moek_ir::plan::{DevicePlan, Role, Step};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -12,7 +12,7 @@ pub(crate) type Cache = Mutex<HashMap<String, Arc<Program>>>;
 /// A compiled program: its plan, one bind group layout over every binding, a pipeline per entry.
 #[derive(Debug)]
 pub struct Program {
-    pub plan: Wgsl,
+    pub plan: DevicePlan,
     layout: wgpu::BindGroupLayout,
     pipelines: HashMap<String, wgpu::ComputePipeline>,
 }
@@ -23,7 +23,7 @@ impl Gpu {
     pub fn program<E>(
         &self,
         key: &str,
-        make: impl FnOnce() -> Result<Wgsl, E>,
+        make: impl FnOnce() -> Result<DevicePlan, E>,
     ) -> Result<Result<Arc<Program>, GpuError>, E> {
         if let Some(p) = self.cache.lock().expect("cache lock").get(key) {
             return Ok(Ok(p.clone()));
@@ -39,7 +39,7 @@ impl Gpu {
         }))
     }
 
-    fn compile(&self, key: &str, plan: Wgsl) -> Result<Program, GpuError> {
+    fn compile(&self, key: &str, plan: DevicePlan) -> Result<Program, GpuError> {
         // Every binding but the params uniform is a storage buffer; an adapter with too few
         // slots is a clear error here rather than a validation failure deep in the driver.
         let storage: usize = plan

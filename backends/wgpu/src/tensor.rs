@@ -1,7 +1,7 @@
 //! Device tensors: one buffer per chunk of a [`TensorPlan`], each under the binding limit.
 
 use crate::adapter::Gpu;
-use moek_dsl::emit::wgsl::{Role, TensorPlan};
+use moek_ir::plan::{Role, TensorPlan};
 
 /// A tensor on the device, bound as `buffers` in order.
 #[derive(Debug)]

@@ -4,7 +4,7 @@
 
 use crate::ast::*;
 use crate::errors::Errors;
-use crate::ir::*;
+use moek_ir::*;
 use crate::parse;
 use crate::spyre;
 use proc_macro2::Span;
@@ -599,7 +599,7 @@ impl Checker {
                 if let Some(Some(size)) = sizes.get(&dim)
                     && size % parts != 0
                 {
-                    let valid: Vec<String> = (1..=spyre::CORES.min(*size))
+                    let valid: Vec<String> = (1..=moek_ir::spyre::CORES.min(*size))
                         .filter(|d| size % d == 0)
                         .map(|d| d.to_string())
                         .collect();
@@ -766,7 +766,7 @@ impl Checker {
                 .map_or(spec.name.span(), |s| s.mode.span());
             self.errors.push(span, "grouped selection has data-dependent group sizes, which spyre programs cannot have: use `gather` or `dense`");
         }
-        let stick = spyre::STICK_ELEMS;
+        let stick = moek_ir::spyre::STICK_ELEMS;
         for (decl, kind) in p
             .reduce
             .iter()
@@ -807,7 +807,7 @@ impl Checker {
                     continue; // reported by the divisibility rule
                 }
                 if (size / parts) % stick != 0 {
-                    let valid: Vec<String> = (1..=spyre::CORES)
+                    let valid: Vec<String> = (1..=moek_ir::spyre::CORES)
                         .filter(|d| size % d == 0 && (size / d) % stick == 0)
                         .map(|d| d.to_string())
                         .collect();
@@ -833,12 +833,12 @@ impl Checker {
         }
         if free.is_empty() && k.schedule.select != Selection::Grouped {
             for r in spyre::resident(k) {
-                if r.bytes > spyre::LX_BUDGET {
+                if r.bytes > moek_ir::spyre::LX_BUDGET {
                     self.errors.push(
                         spec.name.span(),
                         format!(
                             "resident operand `{}` needs {} bytes of LX per core; the budget is {} bytes (2 MiB less 20% reserved): split tokens further or use more groups",
-                            r.name, r.bytes, spyre::LX_BUDGET
+                            r.name, r.bytes, moek_ir::spyre::LX_BUDGET
                         ),
                     );
                 }
@@ -855,14 +855,14 @@ impl Checker {
                 }
             }
             let total: usize = spyre::resident(k).iter().map(|r| r.bytes).sum();
-            if total > spyre::LX_BUDGET
+            if total > moek_ir::spyre::LX_BUDGET
                 && spyre::resident(k)
                     .iter()
-                    .all(|r| r.bytes <= spyre::LX_BUDGET)
+                    .all(|r| r.bytes <= moek_ir::spyre::LX_BUDGET)
             {
                 self.errors.push(
                     spec.name.span(),
-                    format!("resident operands need {total} bytes of LX per core together; the budget is {} bytes", spyre::LX_BUDGET),
+                    format!("resident operands need {total} bytes of LX per core together; the budget is {} bytes", moek_ir::spyre::LX_BUDGET),
                 );
             }
         }

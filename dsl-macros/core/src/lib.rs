@@ -9,11 +9,8 @@ pub mod ast;
 pub mod check;
 pub mod emit;
 pub mod errors;
-pub mod ir;
 pub mod parse;
-pub mod reference;
 pub mod spyre;
-pub mod tolerance;
 
 use proc_macro2::TokenStream;
 

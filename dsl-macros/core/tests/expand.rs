@@ -1,7 +1,7 @@
 //! The DSL stages directly, without the proc macro: what `kernel!` expands to parses as Rust, every
 //! mistake of a spec is collected, and the IR survives its JSON round trip (what `moek` reads).
 
-use moek_dsl::ir::{DimName, Kernel, Op, Selection};
+use moek_ir::{DimName, Kernel, Op, Selection};
 use moek_dsl::{check, expand, parse};
 use quote::quote;
 
@@ -95,7 +95,7 @@ fn the_cpu_source_of_a_spec_is_formatted_rust() {
 
 #[test]
 fn a_fixed_stream_tile_sets_the_spyre_weight_tiles() {
-    use moek_dsl::spyre::program::Op as SOp;
+    use moek_ir::spyre::Op as SOp;
     let tiles = |stream: proc_macro2::TokenStream| {
         let k = spec(quote! {
             pub k = gate_up {
@@ -105,7 +105,7 @@ fn a_fixed_stream_tile_sets_the_spyre_weight_tiles() {
             }
         })
         .unwrap();
-        let p = moek_dsl::spyre::lower::program(&k, moek_dsl::ir::DType::Bf16).unwrap();
+        let p = moek_dsl::spyre::lower::program(&k, moek_ir::DType::Bf16).unwrap();
         p.phases[0]
             .body
             .iter()

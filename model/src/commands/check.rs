@@ -119,7 +119,7 @@ pub fn run(require: &[String], filter: Option<&str>, full: bool) -> Result<ExitC
             }
         }
     }
-    println!("seed {seed}; tolerances: moek_dsl::tolerance (docs/numerics.md)");
+    println!("seed {seed}; tolerances: moek_ir::tolerance (docs/numerics.md)");
     // `--filter tiny` runs the tiny model alone.
     if filter.is_none_or(|f| "tiny_gemma4".contains(f)) {
         failed += usize::from(!tiny_model(&backends, adapter.is_ok()));

@@ -1,7 +1,8 @@
 //! `moek emit NAME --backend B`: the generated source, from the same IR the macro validated.
 
 use super::{CommandError, spec};
-use moek_dsl::emit::wgsl::{self, Step};
+use moek_dsl::emit::wgsl;
+use moek_ir::plan::{DeviceCaps, Step};
 use moek_kernels::ir::{DType, Target};
 use std::process::ExitCode;
 
@@ -77,7 +78,7 @@ pub fn run(
             };
             // Free dims take the 26B-A4B sizes `moek check` runs.
             let shape = super::check::real_shape(ir);
-            let dev = wgsl::Device {
+            let dev = DeviceCaps {
                 binding_limit: BINDING_LIMIT,
                 f16,
             };

@@ -1,4 +1,4 @@
-//! `moek spyre-calibrate`: the cost model beside the public device figures (DESIGN.md), whatever
+//! `moek spyre-calibrate`: the cost model beside the public device figures (docs/spyre-program.md), whatever
 //! the ratio, and blocked vs unblocked decode with the bytes and operations that explain the
 //! difference. The model is built from public constants and is not tuned to any of these.
 
@@ -76,7 +76,7 @@ pub fn run() -> Result<ExitCode, CommandError> {
     println!(
         "  both read each selected expert's weights once, in place by route, and do the same multiply-adds:\n  \
          blocking changes the order of the sums and the tile shapes, not the bytes, so this model predicts no\n  \
-         difference. The seeds measured decode gains on the device (gate/up blocking 222.8 -> 187.7 ms per\n  \
+         difference. Decode gains were measured on the device (gate/up blocking 222.8 -> 187.7 ms per\n  \
          token) from effects the model does not represent (the compiler's placement and copies)."
     );
     Ok(ExitCode::SUCCESS)

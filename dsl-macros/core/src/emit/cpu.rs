@@ -8,7 +8,7 @@
 //! A gathered expert FFN whose two phases are cut only by tokens and routes, the same way, runs
 //! each unit's routes through both phases back to back (same terms, same order, no barrier).
 
-use crate::ir::{Blocks, DimName, Kernel, Op, Phase, Selection};
+use moek_ir::{Blocks, DimName, Kernel, Op, Phase, Selection};
 use proc_macro2::{Literal, TokenStream};
 use quote::{format_ident, quote};
 

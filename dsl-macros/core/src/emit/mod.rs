@@ -5,7 +5,7 @@ pub mod cpu;
 pub mod wgsl;
 
 use crate::ast::Spec;
-use crate::ir::{Kernel, Target};
+use moek_ir::{Kernel, Target};
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote};
 
@@ -58,7 +58,7 @@ fn cpu_fns(k: &Kernel) -> TokenStream {
     if !k.targets.contains(&Target::Cpu) {
         return quote!(::moek_kernels::__private::CpuFns::NONE);
     }
-    let slot = |d: crate::ir::DType, ty: TokenStream| {
+    let slot = |d: moek_ir::DType, ty: TokenStream| {
         if k.dtypes.contains(&d) {
             quote!(Some(cpu::<#ty>))
         } else {
@@ -66,14 +66,14 @@ fn cpu_fns(k: &Kernel) -> TokenStream {
         }
     };
     let f16 = slot(
-        crate::ir::DType::F16,
+        moek_ir::DType::F16,
         quote!(::moek_kernels::__private::half::f16),
     );
     let bf16 = slot(
-        crate::ir::DType::Bf16,
+        moek_ir::DType::Bf16,
         quote!(::moek_kernels::__private::half::bf16),
     );
-    let f32 = slot(crate::ir::DType::F32, quote!(f32));
+    let f32 = slot(moek_ir::DType::F32, quote!(f32));
     quote! {
         ::moek_kernels::__private::cpu_fns!(::moek_kernels::__private::CpuFns { f16: #f16, bf16: #bf16, f32: #f32 })
     }

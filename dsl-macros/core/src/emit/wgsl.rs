@@ -21,117 +21,13 @@
 //! 16-bit tensors are read as packed `u32` pairs (`unpack2x16float`; bf16 by shifting), or as
 //! `array<f16>` under `enable f16;` when the device has `SHADER_F16`. Arithmetic is f32.
 
-use crate::ir::{DType, DimName, Kernel, Op, Phase, Selection};
-use crate::reference::Shape;
-use serde::{Deserialize, Serialize};
+use moek_ir::plan::{DeviceCaps, DevicePlan, Role, Step, TensorPlan, WORKGROUP};
+use moek_ir::reference::Shape;
+use moek_ir::{DType, DimName, Kernel, Op, Phase, Selection};
 use std::fmt::Write;
-
-/// Threads per workgroup.
-pub const WORKGROUP: u32 = 64;
 
 /// Tokens per workgroup in the persistent loop: each weight is loaded once per tile.
 pub const TILE: u32 = 8;
-
-/// The most workgroups one dispatch dimension may have (WebGPU's default limit).
-pub const MAX_GROUPS_PER_DIM: u32 = 65_535;
-
-/// What the emitter must know of the device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Device {
-    /// Largest storage buffer binding, bytes.
-    pub binding_limit: u64,
-    /// Read f16 tensors as `array<f16>` (`enable f16;`) instead of packed pairs.
-    pub f16: bool,
-}
-
-/// A generated program and its plan.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Wgsl {
-    pub source: String,
-    /// In binding order; chunk `c` of tensor `i` is one binding.
-    pub tensors: Vec<TensorPlan>,
-    pub steps: Vec<Step>,
-}
-
-/// Where a tensor's contents come from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    /// `{ trip: u32, softcap: f32 }`, a uniform.
-    Params,
-    /// An input of the op (activations, routes): uploaded per run.
-    Input,
-    /// Weights (expert banks, dense matrices, the embedding): uploaded once and kept.
-    Weight,
-    /// Written and read by the program only.
-    Scratch,
-    /// The op's output (f32), read back.
-    Output,
-    /// Workgroup counts written by the program for its indirect dispatches.
-    Indirect,
-}
-
-/// One tensor of the program: `elems` elements of `elem_bytes`, bound as `chunks` buffers of
-/// `chunk_rows` rows of `row_len` elements (the last may be shorter).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TensorPlan {
-    pub name: String,
-    pub role: Role,
-    pub elems: usize,
-    pub elem_bytes: usize,
-    pub row_len: usize,
-    pub chunk_rows: usize,
-    pub chunks: usize,
-}
-
-impl TensorPlan {
-    /// Element range of chunk `c`.
-    pub fn chunk(&self, c: usize) -> std::ops::Range<usize> {
-        let per = self.chunk_rows * self.row_len;
-        (c * per).min(self.elems)..((c + 1) * per).min(self.elems)
-    }
-
-    /// Bytes of chunk `c` as bound: whole 32-bit words.
-    pub fn chunk_bytes(&self, c: usize) -> u64 {
-        let r = self.chunk(c);
-        (((r.end - r.start) * self.elem_bytes).div_ceil(4) * 4).max(4) as u64
-    }
-}
-
-/// One step of a run, in order.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Step {
-    /// Set `params.trip` (the persistent loop's expert) before the next dispatches.
-    Trip(u32),
-    /// Dispatch `entry` with one workgroup per row.
-    Rows { entry: String, rows: u32 },
-    /// Dispatch `entry` with one thread per element.
-    Elems { entry: String, count: u32 },
-    /// Copy tensor `0` (written by earlier steps) to the buffer later indirect dispatches read:
-    /// a buffer cannot be bound for writing and read as dispatch arguments in one dispatch.
-    IndirectArgs(String),
-    /// Dispatch `entry` with the workgroup counts at byte `offset` of tensor `tensor`, as of
-    /// the last [`Step::IndirectArgs`] of it.
-    Indirect {
-        entry: String,
-        tensor: String,
-        offset: u64,
-    },
-}
-
-impl Step {
-    /// Workgroups `(x, y)` for this step: rows (or element groups) laid out row-major.
-    pub fn groups(&self) -> Option<(u32, u32)> {
-        let n = match self {
-            Step::Trip(_) | Step::IndirectArgs(_) | Step::Indirect { .. } => return None,
-            Step::Rows { rows, .. } => *rows,
-            Step::Elems { count, .. } => count.div_ceil(WORKGROUP),
-        };
-        let x = n.clamp(1, MAX_GROUPS_PER_DIM);
-        Some((x, n.div_ceil(x)))
-    }
-}
 
 /// Why a spec has no wgpu program for a problem.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -153,7 +49,7 @@ pub enum WgslError {
 }
 
 /// The program of `k` for `dtype` at shape `s` on `dev`.
-pub fn program(k: &Kernel, dtype: DType, s: &Shape, dev: &Device) -> Result<Wgsl, WgslError> {
+pub fn program(k: &Kernel, dtype: DType, s: &Shape, dev: &DeviceCaps) -> Result<DevicePlan, WgslError> {
     let mut e = Emitter::new(k, dtype, *s, *dev);
     e.build()?;
     Ok(e.finish())
@@ -163,7 +59,7 @@ struct Emitter<'k> {
     k: &'k Kernel,
     dtype: DType,
     s: Shape,
-    dev: Device,
+    dev: DeviceCaps,
     tensors: Vec<TensorPlan>,
     steps: Vec<Step>,
     /// Helper functions (loads, partial dots), then entry points.
@@ -177,7 +73,7 @@ struct Emitter<'k> {
 type Segs = Vec<(usize, usize)>;
 
 impl<'k> Emitter<'k> {
-    fn new(k: &'k Kernel, dtype: DType, s: Shape, dev: Device) -> Self {
+    fn new(k: &'k Kernel, dtype: DType, s: Shape, dev: DeviceCaps) -> Self {
         Emitter {
             k,
             dtype,
@@ -856,7 +752,7 @@ impl<'k> Emitter<'k> {
         }
     }
 
-    fn finish(self) -> Wgsl {
+    fn finish(self) -> DevicePlan {
         let k = self.k;
         let s = self.s;
         let dims: Vec<String> =
@@ -897,7 +793,7 @@ impl<'k> Emitter<'k> {
         src.push_str(&self.helpers);
         src.push('\n');
         src.push_str(&self.entries);
-        Wgsl {
+        DevicePlan {
             source: src,
             tensors: self.tensors,
             steps: self.steps,

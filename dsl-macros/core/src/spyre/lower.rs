@@ -6,9 +6,9 @@
 //! Lowered: gate_up, down and expert_ffn with `select: gather` (the decode variants), and
 //! expert_ffn with `select: dense` in a persistent loop (the prefill).
 
-use super::program::*;
-use super::{CORES, LX_BUDGET, STICK_BYTES};
-use crate::ir::{Blocks, DType, DimName, Kernel, Op as IrOp, Phase as IrPhase, Selection};
+use moek_ir::spyre::*;
+use moek_ir::spyre::{CORES, LX_BUDGET, STICK_BYTES};
+use moek_ir::{Blocks, DType, DimName, Kernel, Op as IrOp, Phase as IrPhase, Selection};
 
 /// Bytes of a DL16 element and of an f32 element in LX.
 const DL16: usize = 2;
@@ -630,7 +630,7 @@ fn down(k: &Kernel, s: &Sizes, phase: IrPhase, act: &str) -> Result<Phase, Lower
     plan.finish("down", div, body)
 }
 
-/// The persistent expert loop (DESIGN.md's contract): x staged once (preheader), the accumulator
+/// The persistent expert loop (docs/spyre-program.md, "The persistent expert loop"): x staged once (preheader), the accumulator
 /// filled once, a counted loop over experts whose body stays in LX with exactly four advancing
 /// operands (gate, up, down, routing), one drain.
 ///

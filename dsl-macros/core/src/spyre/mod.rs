@@ -1,24 +1,11 @@
-//! The Spyre side of the DSL: the resource model the validator applies at macro time (DESIGN.md,
-//! "Spyre resource model": sticks, cores, what must stay resident in each core's LX scratchpad),
-//! the program format ([`program`]) and the lowering of a spec to a program ([`lower`]).
+//! The Spyre side of the DSL: the resource model the validator applies at macro time (sticks,
+//! cores, what must stay resident in each core's LX scratchpad; docs/spyre-program.md) and the
+//! lowering of a spec to a program ([`lower`]). The program format is `moek_ir::spyre`.
 
 pub mod lower;
-pub mod program;
 
-use crate::ir::{DimName, Kernel, Op, Phase};
-
-/// Cores on one card.
-pub const CORES: usize = 32;
-/// Bytes of one stick, the unit of every device-memory <-> LX transfer.
-pub const STICK_BYTES: usize = 128;
-/// Elements of a 16-bit type (DL16 on the device) in one stick.
-pub const STICK_ELEMS: usize = STICK_BYTES / 2;
-/// LX bytes a core may plan: 2 MiB less the ~20% the backend reserves.
-pub const LX_BUDGET: usize = 2 * 1024 * 1024 * 8 / 10;
-/// Bytes of one device element (DL16).
-pub const ELEM_BYTES: usize = 2;
-/// Bytes of one f32 accumulator element.
-pub const ACC_BYTES: usize = 4;
+use moek_ir::spyre::{ACC_BYTES, ELEM_BYTES};
+use moek_ir::{DimName, Kernel, Op, Phase};
 
 /// An operand that stays in one core's LX for the whole kernel or loop.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,6 +1,6 @@
 //! The validated kernel IR: the one home of a spec's meaning and the only input of the emitters.
 //!
-//! Everything here has passed validation (`crate::check`); the emitters may rely on the invariants
+//! Everything here has passed validation (`moek_dsl::check`); the emitters may rely on the invariants
 //! stated on each type. The macro embeds a spec's IR as JSON so run-time tools (`moek list`,
 //! `moek emit`) see exactly what the macro saw.
 

@@ -8,6 +8,19 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Cores on one card.
+pub const CORES: usize = 32;
+/// Bytes of one stick, the unit of every device-memory <-> LX transfer.
+pub const STICK_BYTES: usize = 128;
+/// Elements of a 16-bit type (DL16 on the device) in one stick.
+pub const STICK_ELEMS: usize = STICK_BYTES / 2;
+/// LX bytes a core may plan: 2 MiB less the ~20% the backend reserves.
+pub const LX_BUDGET: usize = 2 * 1024 * 1024 * 8 / 10;
+/// Bytes of one device element (DL16).
+pub const ELEM_BYTES: usize = 2;
+/// Bytes of one f32 accumulator element.
+pub const ACC_BYTES: usize = 4;
+
 /// One kernel's program.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Program {
@@ -43,7 +56,7 @@ pub enum Role {
 }
 
 /// A device tensor. `shape` is logical and row-major; on the device the last dim is split into
-/// sticks: `[.., last/stick_elems (padded), stick_elems]`, sticks outermost (DESIGN.md).
+/// sticks: `[.., last/stick_elems (padded), stick_elems]`, sticks outermost (docs/spyre-program.md).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Tensor {
     pub name: String,

@@ -13,7 +13,7 @@
 //! wrong block, a dropped route or a missed column shifts results by O(1), orders of magnitude
 //! beyond both, while honest rounding stays well inside. NaN never passes.
 
-use crate::ir::DType;
+use crate::DType;
 use std::fmt;
 
 /// Limits for one dtype.

@@ -55,8 +55,8 @@ pub struct Shape {
 
 impl Shape {
     /// The size of one named dim.
-    pub fn dim(&self, d: crate::ir::DimName) -> usize {
-        use crate::ir::DimName::*;
+    pub fn dim(&self, d: crate::DimName) -> usize {
+        use crate::DimName::*;
         match d {
             T => self.t,
             R => self.r,

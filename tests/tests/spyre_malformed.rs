@@ -1,8 +1,8 @@
 //! Programs the hardware would refuse are refused before anything runs, each with an error that
 //! names what is wrong and the numbers. The base program is the lowering of a small gather spec.
 
-use moek_dsl::ir::DType;
-use moek_dsl::spyre::program::*;
+use moek_ir::DType;
+use moek_ir::spyre::*;
 use moek_dsl::{check, parse, spyre::lower};
 use moek_spyre::{Data, Device, Mode, SimError, ValidationError, simulate, validate};
 use quote::quote;
