@@ -20,19 +20,41 @@ pub struct Kernel {
     pub targets: Vec<Target>,
     pub schedule: Schedule,
     pub requires: Vec<Capability>,
+    /// The gated activation, for ops with a gate/up pair (`act(gate) * up`). Left out of the
+    /// JSON when it is the default, so specs that do not name one serialise as before.
+    #[serde(default, skip_serializing_if = "Activation::is_default")]
+    pub activation: Activation,
+}
+
+/// The activation of a gated pair: `act(x . Wg) * (x . Wu)`. Adding one is this enum, its f64
+/// definition in [`crate::reference`], and one function per backend (docs/dsl.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`: Gemma's.
+    #[default]
+    GeluTanh,
+    /// `x / (1 + exp(-x))`: Qwen3-MoE's, Mixtral's, DeepSeek's.
+    Silu,
+}
+
+impl Activation {
+    fn is_default(&self) -> bool {
+        *self == Activation::default()
+    }
 }
 
 /// The fixed op vocabulary. A new op is a change to this crate (see docs/dsl.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Op {
-    /// `a[t,r,:] = gelu_tanh(x[t] . Wg[e]) * (x[t] . Wu[e])`, `e = idx[t,r]`.
+    /// `a[t,r,:] = act(x[t] . Wg[e]) * (x[t] . Wu[e])`, `e = idx[t,r]` (act: [`Activation`]).
     GateUp,
     /// `out[t,:] = sum_r w[t,r] * (a[t,r] . Wd[e])`: the down projection and its K-axis combine.
     Down,
     /// `out[t,:] = sum_r w[t,r] * down(gate_up(x[t], e), e)`: the whole routed expert FFN.
     ExpertFfn,
-    /// The shared dense MLP: `down(gelu_tanh(x . Wg) * (x . Wu))`.
+    /// The shared dense MLP: `down(act(x . Wg) * (x . Wu))`.
     DenseMlp,
     /// `logits = softcap(h[T-1] . Emb^T)` for the final row only, and its argmax.
     LmHeadRow,
@@ -248,6 +270,9 @@ impl Kernel {
     pub fn schedule_summary(&self) -> String {
         let s = &self.schedule;
         let mut parts = vec![format!("select {}", s.select)];
+        if self.activation != Activation::default() {
+            parts.insert(0, format!("activation {}", self.activation));
+        }
         for b in &s.reduce {
             parts.push(format!("reduce {}", b));
         }
@@ -326,6 +351,7 @@ names!(Capability {
 });
 names!(Selection { None => "none", Gather => "gather", Dense => "dense", Grouped => "grouped" });
 names!(Phase { All => "all", GateUp => "gate_up", Down => "down" });
+names!(Activation { GeluTanh => "gelu_tanh", Silu => "silu" });
 
 impl Op {
     /// The op's dims in canonical order; a spec must declare exactly these.
@@ -361,6 +387,11 @@ impl Op {
     /// Whether the op has separate gate/up and down phases (`cores(gate_up)`, `cores(down)`).
     pub fn has_phases(self) -> bool {
         matches!(self, Op::ExpertFfn | Op::DenseMlp)
+    }
+
+    /// Whether the op computes a gated pair, and so takes an `activation`.
+    pub fn has_activation(self) -> bool {
+        matches!(self, Op::GateUp | Op::ExpertFfn | Op::DenseMlp)
     }
 
     /// Whether the op reads an expert bank (and so needs a `select`).

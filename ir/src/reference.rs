@@ -4,6 +4,7 @@
 //! full-size kernels can check a random sample of rows. Inputs are the variant's own inputs
 //! (already in the storage dtype), widened exactly to f64.
 
+use crate::Activation;
 use half::{bf16, f16};
 
 /// A storage element widened exactly to f64.
@@ -31,6 +32,19 @@ impl Real for bf16 {
 pub fn gelu_tanh(x: f64) -> f64 {
     let c = (2.0 / std::f64::consts::PI).sqrt();
     0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+}
+
+/// `x / (1 + exp(-x))`.
+pub fn silu(x: f64) -> f64 {
+    x / (1.0 + (-x).exp())
+}
+
+/// The activation `act` of `x`.
+pub fn activate(act: Activation, x: f64) -> f64 {
+    match act {
+        Activation::GeluTanh => gelu_tanh(x),
+        Activation::Silu => silu(x),
+    }
 }
 
 /// `cap * tanh(x / cap)`.
@@ -68,14 +82,20 @@ impl Shape {
     }
 }
 
-/// `gelu_tanh(x . Wg[e]) * (x . Wu[e])` for one token; `gate_up` is `[E, 2F, H]`, gate rows first.
-pub fn expert_gate_up<W: Real>(s: &Shape, x: &[W], gate_up: &[W], e: usize) -> Vec<f64> {
+/// `act(x . Wg[e]) * (x . Wu[e])` for one token; `gate_up` is `[E, 2F, H]`, gate rows first.
+pub fn expert_gate_up<W: Real>(
+    s: &Shape,
+    act: Activation,
+    x: &[W],
+    gate_up: &[W],
+    e: usize,
+) -> Vec<f64> {
     let bank = &gate_up[e * 2 * s.f * s.h..(e + 1) * 2 * s.f * s.h];
     (0..s.f)
         .map(|j| {
             let g = dot(x, &bank[j * s.h..(j + 1) * s.h]);
             let u = dot(x, &bank[(s.f + j) * s.h..(s.f + j + 1) * s.h]);
-            gelu_tanh(g) * u
+            activate(act, g) * u
         })
         .collect()
 }
@@ -89,10 +109,17 @@ pub fn expert_down<W: Real, A: Real>(s: &Shape, a: &[A], down: &[W], e: usize) -
 }
 
 /// The `gate_up` op for token `t`: `[R, F]` activations of its routes.
-pub fn gate_up<W: Real>(s: &Shape, x: &[W], idx: &[u32], gate_up: &[W], t: usize) -> Vec<f64> {
+pub fn gate_up<W: Real>(
+    s: &Shape,
+    act: Activation,
+    x: &[W],
+    idx: &[u32],
+    gate_up: &[W],
+    t: usize,
+) -> Vec<f64> {
     let xt = &x[t * s.h..(t + 1) * s.h];
     (0..s.r)
-        .flat_map(|r| expert_gate_up(s, xt, gate_up, idx[t * s.r + r] as usize))
+        .flat_map(|r| expert_gate_up(s, act, xt, gate_up, idx[t * s.r + r] as usize))
         .collect()
 }
 
@@ -118,6 +145,7 @@ pub fn down<W: Real>(
 /// The routed expert FFN for token `t`, `[H]`.
 pub fn expert_ffn<W: Real>(
     s: &Shape,
+    act: Activation,
     x: &[W],
     idx: &[u32],
     weights: &[f32],
@@ -129,7 +157,7 @@ pub fn expert_ffn<W: Real>(
     let mut out = vec![0.0; s.h];
     for r in 0..s.r {
         let e = idx[t * s.r + r] as usize;
-        let a = expert_gate_up(s, xt, gate_up, e);
+        let a = expert_gate_up(s, act, xt, gate_up, e);
         let y = expert_down(s, &a, down, e);
         let w = f64::from(weights[t * s.r + r]);
         out.iter_mut().zip(y).for_each(|(o, y)| *o += w * y);
@@ -140,6 +168,7 @@ pub fn expert_ffn<W: Real>(
 /// The dense MLP for token `t`: `gate`/`up` are `[F, H]`, `down` is `[H, F]`.
 pub fn dense_mlp<W: Real>(
     s: &Shape,
+    act: Activation,
     x: &[W],
     gate: &[W],
     up: &[W],
@@ -149,7 +178,8 @@ pub fn dense_mlp<W: Real>(
     let xt = &x[t * s.h..(t + 1) * s.h];
     let a: Vec<f64> = (0..s.f)
         .map(|j| {
-            gelu_tanh(dot(xt, &gate[j * s.h..(j + 1) * s.h])) * dot(xt, &up[j * s.h..(j + 1) * s.h])
+            let g = dot(xt, &gate[j * s.h..(j + 1) * s.h]);
+            activate(act, g) * dot(xt, &up[j * s.h..(j + 1) * s.h])
         })
         .collect();
     (0..s.h)

@@ -6,6 +6,7 @@
 //! are planned per core with addresses and live ranges; weights reach LX by DMA in whole sticks,
 //! expert banks by route (indexed loads). The validator and simulator live in `moek-spyre`.
 
+use crate::Activation;
 use serde::{Deserialize, Serialize};
 
 /// Cores on one card.
@@ -201,6 +202,13 @@ pub enum Sfp {
         out: String,
         elems: usize,
     },
+    /// `out[i] = silu(g[i]) * u[i]`.
+    SiluMul {
+        g: String,
+        u: String,
+        out: String,
+        elems: usize,
+    },
     /// `acc[acc_at + i] += w[w_at] * y[y_at + i]` for `i < elems`: one route's weighted result
     /// added to the token's accumulator (the K-axis combine), `w` a buffer of route weights.
     ScaleAcc {
@@ -272,5 +280,16 @@ impl Program {
 impl Phase {
     pub fn buffer(&self, name: &str) -> Option<&Buffer> {
         self.buffers.iter().find(|b| b.name == name)
+    }
+}
+
+impl Sfp {
+    /// `out[i] = act(g[i]) * u[i]` over `elems`: the gated pair's op for the activation `act`
+    /// (one SFU op per activation, as the device names them).
+    pub fn act_mul(act: Activation, g: String, u: String, out: String, elems: usize) -> Sfp {
+        match act {
+            Activation::GeluTanh => Sfp::GeluMul { g, u, out, elems },
+            Activation::Silu => Sfp::SiluMul { g, u, out, elems },
+        }
     }
 }

@@ -8,7 +8,7 @@
 use crate::elem::Elem;
 use crate::inputs::{InputError, Inputs};
 use crate::registry::KernelEntry;
-use moek_ir::{Capability, DType, Kernel, Op, Target};
+use moek_ir::{Activation, Capability, DType, Kernel, Op, Target};
 use moek_ir::reference::Shape;
 use std::fmt;
 use thiserror::Error;
@@ -90,6 +90,12 @@ impl Backend {
 pub enum Ineligible {
     #[error("computes `{spec}`, not `{wanted}`")]
     Op { spec: Op, wanted: Op },
+    #[error("computes `{wanted}` with {spec}, not {wanted_act}")]
+    Activation {
+        spec: Activation,
+        wanted: Op,
+        wanted_act: Activation,
+    },
     #[error("does not target {target}")]
     Target { target: Target },
     #[error("needs the `{target}` backend, which this build lacks (cargo feature `{target}`)")]
@@ -161,19 +167,44 @@ pub enum DispatchError {
     Backend(String),
 }
 
-/// Whether `entry` can serve `op` on `backend` for `dtype` and `shape`, or why not.
+/// What a caller wants computed: an op and, for gated ops, its activation. An `Op` alone asks
+/// for the default activation (gelu_tanh), as a spec that names none has it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Task {
+    pub op: Op,
+    pub activation: Activation,
+}
+
+impl From<Op> for Task {
+    fn from(op: Op) -> Self {
+        Task {
+            op,
+            activation: Activation::default(),
+        }
+    }
+}
+
+/// Whether `entry` can serve `task` on `backend` for `dtype` and `shape`, or why not.
 pub fn eligible(
     entry: &KernelEntry,
     backend: &Backend,
-    op: Op,
+    task: impl Into<Task>,
     dtype: DType,
     shape: &Shape,
 ) -> Result<(), Ineligible> {
     let k = entry.ir();
+    let Task { op, activation } = task.into();
     if k.op != op {
         return Err(Ineligible::Op {
             spec: k.op,
             wanted: op,
+        });
+    }
+    if op.has_activation() && k.activation != activation {
+        return Err(Ineligible::Activation {
+            spec: k.activation,
+            wanted: op,
+            wanted_act: activation,
         });
     }
     if !k.targets.contains(&backend.target) {
@@ -229,15 +260,17 @@ pub fn eligible(
     Ok(())
 }
 
-/// Picks the variant for `op` (or checks the `requested` one) and records why.
+/// Picks the variant for `task` (or checks the `requested` one) and records why.
 pub fn choose(
     entries: &[KernelEntry],
     backend: &Backend,
-    op: Op,
+    task: impl Into<Task>,
     dtype: DType,
     shape: &Shape,
     requested: Option<&str>,
 ) -> Result<Choice, DispatchError> {
+    let task = task.into();
+    let op = task.op;
     let of_op: Vec<&KernelEntry> = entries.iter().filter(|e| e.ir().op == op).collect();
     let mut choice = Choice {
         kernel: String::new(),
@@ -259,7 +292,7 @@ pub fn choose(
                 valid,
             });
         };
-        eligible(entry, backend, op, dtype, shape).map_err(|reason| DispatchError::Requested {
+        eligible(entry, backend, task, dtype, shape).map_err(|reason| DispatchError::Requested {
             name: name.to_string(),
             reason,
         })?;
@@ -269,7 +302,7 @@ pub fn choose(
     }
     let mut best: Option<(&KernelEntry, (usize, usize, usize))> = None;
     for entry in &of_op {
-        match eligible(entry, backend, op, dtype, shape) {
+        match eligible(entry, backend, task, dtype, shape) {
             Err(reason) => choice
                 .passed_over
                 .push((entry.name().to_string(), format!("it {reason}"))),

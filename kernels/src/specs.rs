@@ -47,6 +47,22 @@ kernel! {
         requires:        indexed_selection_layout;
     }
 
+    /// The blocked decode expert FFN with SiLU experts (`silu(g) * u`, as Qwen3-MoE, Mixtral
+    /// and DeepSeek experts compute), at the same geometry: the activation is data, so the
+    /// schedule and every backend's variant are the blocked one's with one function swapped.
+    pub decode_expert_ffn_blocked_silu = expert_ffn {
+        dims:            T = 1, R = 8, E = 128, H = 2816, F = 704;
+        dtypes:          f16, bf16;
+        targets:         cpu, wgpu, spyre;
+        activation:      silu;
+        select:          gather E by R;
+        reduce:          H = 704 x 4;
+        columns:         H = [1024, 1024, 768];
+        cores(gate_up):  R = 8;
+        cores(down):     R = 8;
+        requires:        indexed_selection_layout;
+    }
+
     /// Decode expert FFN with the gate/up blocking alone.
     pub decode_expert_ffn_gate_up_blocked = expert_ffn {
         dims:            T = 1, R = 8, E = 128, H = 2816, F = 704;
@@ -177,6 +193,7 @@ pub fn all() -> &'static [KernelEntry] {
             decode_gate_up_h704x4::entry(),
             decode_down_cols_1024_1024_768::entry(),
             decode_expert_ffn_blocked::entry(),
+            decode_expert_ffn_blocked_silu::entry(),
             decode_expert_ffn_gate_up_blocked::entry(),
             decode_expert_ffn_down_blocked::entry(),
             prefill_expert_ffn_persistent::entry(),

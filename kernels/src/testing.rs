@@ -11,7 +11,7 @@ use crate::elem::Elem;
 use crate::inputs::{Inputs, output_len};
 use crate::registry::KernelEntry;
 use half::{bf16, f16};
-use moek_ir::{DType, DimName, Kernel, Op, Target};
+use moek_ir::{Activation, DType, DimName, Kernel, Op, Target};
 use moek_ir::reference::{self, Shape};
 use moek_ir::tolerance::{Deviation, Tolerance, tolerance, tolerance_dl16};
 use rand::rngs::SmallRng;
@@ -351,7 +351,7 @@ fn run_case<W: Elem>(
                 other => panic!("the {other} backend is not part of this build"),
             };
             let seconds = start.elapsed().as_secs_f64();
-            let (deviation, argmax_ok) = case.compare(&out, argmax, seed);
+            let (deviation, argmax_ok) = case.compare(k.activation, &out, argmax, seed);
             // A GPU variant is also held to the CPU variant of the same spec, element by element,
             // where that variant takes this shape (a spec's fixed sizes bind its CPU variant; a
             // WGSL program is emitted for whatever sizes it is run at).
@@ -520,14 +520,16 @@ impl<W: Elem> Case<W> {
         }
     }
 
-    /// The reference for output row `row` (a token; for the LM head, a vocabulary row).
-    pub fn reference_row(&self, row: usize) -> Vec<f64> {
+    /// The reference for output row `row` (a token; for the LM head, a vocabulary row) of a spec
+    /// with activation `act` (cases are shared by every spec of one op and shape).
+    pub fn reference_row(&self, act: Activation, row: usize) -> Vec<f64> {
         let s = &self.shape;
         match self.op {
-            Op::GateUp => reference::gate_up(s, &self.x, &self.idx, &self.w1, row),
+            Op::GateUp => reference::gate_up(s, act, &self.x, &self.idx, &self.w1, row),
             Op::Down => reference::down(s, &self.act, &self.idx, &self.weights, &self.w2, row),
             Op::ExpertFfn => reference::expert_ffn(
                 s,
+                act,
                 &self.x,
                 &self.idx,
                 &self.weights,
@@ -535,7 +537,9 @@ impl<W: Elem> Case<W> {
                 &self.w2,
                 row,
             ),
-            Op::DenseMlp => reference::dense_mlp(s, &self.x, &self.w1, &self.w2, &self.w3, row),
+            Op::DenseMlp => {
+                reference::dense_mlp(s, act, &self.x, &self.w1, &self.w2, &self.w3, row)
+            }
             Op::LmHeadRow => {
                 reference::lm_head_row(s, &self.x, &self.w1, f64::from(self.softcap), &[row])
             }
@@ -554,7 +558,13 @@ impl<W: Elem> Case<W> {
 
     /// Deviation from the reference on a sample of rows (all rows when few), and whether the
     /// argmax (LM head) is the largest logit. Non-finite elements anywhere count.
-    pub fn compare(&self, out: &[f32], argmax: Option<u32>, seed: u64) -> (Deviation, bool) {
+    pub fn compare(
+        &self,
+        act: Activation,
+        out: &[f32],
+        argmax: Option<u32>,
+        seed: u64,
+    ) -> (Deviation, bool) {
         let (rows, width) = self.rows();
         let sample = sample_rows(
             rows,
@@ -566,7 +576,7 @@ impl<W: Elem> Case<W> {
             seed,
             argmax,
         );
-        let want: Vec<Vec<f64>> = sample.par_iter().map(|&r| self.reference_row(r)).collect();
+        let want: Vec<Vec<f64>> = sample.par_iter().map(|&r| self.reference_row(act, r)).collect();
         let got: Vec<f32> = sample
             .iter()
             .flat_map(|&r| out[r * width..(r + 1) * width].iter().copied())

@@ -2,7 +2,7 @@
 //! capabilities fall back visibly; an explicit ineligible request fails before any output is written.
 
 use moek_kernels::dispatch::{self, Backend, DispatchError, Ineligible};
-use moek_kernels::ir::{Capability, DType, Op};
+use moek_kernels::ir::{Activation, Capability, DType, Op};
 use moek_kernels::testing::Case;
 use moek_kernels::{Shape, specs};
 
@@ -30,7 +30,7 @@ fn choose(op: Op, dtype: DType, shape: &Shape) -> dispatch::Choice {
 }
 
 #[test]
-fn decode_takes_the_blocked_seed_variants() {
+fn decode_takes_the_blocked_variants() {
     let c = choose(Op::ExpertFfn, DType::Bf16, &DECODE);
     assert_eq!(c.kernel, "decode_expert_ffn_blocked");
     assert!(c.why.starts_with("most specific"), "{}", c.why);
@@ -42,6 +42,30 @@ fn decode_takes_the_blocked_seed_variants() {
         choose(Op::Down, DType::Bf16, &DECODE).kernel,
         "decode_down_cols_1024_1024_768"
     );
+}
+
+#[test]
+fn the_activation_is_part_of_what_is_asked_for() {
+    // Gemma's (the default) never gets the SiLU variant, however specific it is.
+    let gelu = choose(Op::ExpertFfn, DType::Bf16, &DECODE);
+    assert_eq!(gelu.kernel, "decode_expert_ffn_blocked");
+    let (_, why) = gelu
+        .passed_over
+        .iter()
+        .find(|(name, _)| name == "decode_expert_ffn_blocked_silu")
+        .expect("the SiLU variant is considered and passed over");
+    assert!(why.contains("silu"), "{why}");
+    // Asked for SiLU, dispatch picks it, and only specs with SiLU are eligible.
+    let silu = dispatch::Task {
+        op: Op::ExpertFfn,
+        activation: Activation::Silu,
+    };
+    let c = dispatch::choose(specs::all(), &Backend::cpu(), silu, DType::Bf16, &DECODE, None)
+        .expect("the SiLU variant serves decode");
+    assert_eq!(c.kernel, "decode_expert_ffn_blocked_silu");
+    let err = dispatch::choose(specs::all(), &Backend::cpu(), silu, DType::F32, &DECODE, None)
+        .expect_err("no SiLU variant has f32");
+    assert!(err.to_string().contains("gelu_tanh"), "{err}");
 }
 
 #[test]
@@ -185,7 +209,7 @@ fn a_spyre_run_through_dispatch_matches_the_reference_and_writes_nothing_when_re
     )
     .unwrap();
     assert_eq!(choice.kernel, "decode_expert_ffn_ordinary");
-    let (dev, _) = case.compare(&out, None, 5);
+    let (dev, _) = case.compare(Activation::GeluTanh, &out, None, 5);
     assert!(
         dev.within(moek_ir::tolerance::tolerance_dl16(DType::Bf16)),
         "{dev}"
@@ -276,7 +300,7 @@ fn the_dispatched_variant_runs_and_matches_the_reference() {
     let mut out = vec![f32::NAN; 3 * 96];
     let (choice, _) = run_on_cpu(&case, &mut out, None).unwrap();
     assert_eq!(choice.kernel, "general_expert_ffn_grouped");
-    let (dev, _) = case.compare(&out, None, 3);
+    let (dev, _) = case.compare(Activation::GeluTanh, &out, None, 3);
     assert!(
         dev.within(moek_ir::tolerance::tolerance(DType::Bf16)),
         "{dev}"
@@ -338,7 +362,7 @@ fn on_wgpu_prefill_falls_back_from_the_persistent_variant_and_a_forced_one_write
     )
     .expect("an adapter is present where tests run (lavapipe in CI)");
     assert_eq!(choice.kernel, "general_expert_ffn_gather");
-    let (dev, _) = case.compare(&out, None, 3);
+    let (dev, _) = case.compare(Activation::GeluTanh, &out, None, 3);
     assert!(
         dev.within(moek_ir::tolerance::tolerance(DType::Bf16)),
         "{dev}"
@@ -363,7 +387,7 @@ fn a_wgpu_session_uploads_expert_banks_once_for_prefill_and_decode() {
     let k = specs::general_expert_ffn_gather::entry().ir().clone();
     let mut out = vec![f32::NAN; s.t * s.h];
     session.run(&k, &s, &prefill.inputs(), &mut out).unwrap();
-    let (dev, _) = prefill.compare(&out, None, 11);
+    let (dev, _) = prefill.compare(Activation::GeluTanh, &out, None, 11);
     assert!(
         dev.within(moek_ir::tolerance::tolerance(DType::F16)),
         "{dev}"
@@ -383,7 +407,7 @@ fn a_wgpu_session_uploads_expert_banks_once_for_prefill_and_decode() {
     let mut row = vec![f32::NAN; s.h];
     session.run(&k, &one, &inputs, &mut row).unwrap();
     assert_eq!(session.weight_uploads(), 2, "decode reuses the kept banks");
-    let want = moek_ir::reference::expert_ffn(&one, &x, idx, weights, &prefill.w1, &prefill.w2, 0);
+    let want = moek_ir::reference::expert_ffn(&one, Activation::GeluTanh, &x, idx, weights, &prefill.w1, &prefill.w2, 0);
     let dev = moek_ir::tolerance::Deviation::measure(&row, &want);
     assert!(
         dev.within(moek_ir::tolerance::tolerance(DType::F16)),

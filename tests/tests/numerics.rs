@@ -3,7 +3,7 @@
 
 use half::bf16;
 use moek_ir::tolerance::{Deviation, tolerance};
-use moek_kernels::ir::{DType, Op, Target};
+use moek_kernels::ir::{Activation, DType, Op, Target};
 use moek_kernels::registry::{CpuFns, KernelEntry};
 use moek_kernels::specs::*;
 use moek_kernels::testing::{Case, check_spec, fresh_seeds};
@@ -102,7 +102,7 @@ fn repeated_route_indices_count_twice_in_every_variant() {
         prefill_expert_ffn_grouped::entry(),
     ] {
         let out = run(entry.cpu.bf16.unwrap(), &case, shape.t * shape.h);
-        let (dev, _) = case.compare(&out, None, 11);
+        let (dev, _) = case.compare(Activation::GeluTanh, &out, None, 11);
         assert!(
             dev.within(tolerance(DType::Bf16)),
             "{}: {dev}",
@@ -116,7 +116,7 @@ fn repeated_route_indices_count_twice_in_every_variant() {
         &one,
         2816,
     );
-    let (dev, _) = one.compare(&out, None, 1);
+    let (dev, _) = one.compare(Activation::GeluTanh, &out, None, 1);
     assert!(dev.within(tolerance(DType::Bf16)), "decode: {dev}");
 }
 

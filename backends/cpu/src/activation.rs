@@ -44,6 +44,12 @@ pub fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + tanh(C * (x + 0.044_715 * x * x * x)))
 }
 
+/// `silu(x) = x / (1 + exp(-x))`, the activation of Qwen3-MoE, Mixtral and DeepSeek experts.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
 /// Gemma's final logit softcap: `cap * tanh(x / cap)`.
 #[inline]
 pub fn softcap(x: f32, cap: f32) -> f32 {
@@ -99,6 +105,21 @@ mod tests {
         assert!(worst <= 2f64.powi(-21), "worst relative error {worst:e}");
         assert!(tanh(f32::NAN).is_nan());
         assert_eq!(tanh(f32::INFINITY), tanh(CLAMP));
+    }
+
+    #[test]
+    fn silu_is_within_a_few_ulps_of_f64() {
+        let mut worst = 0f64;
+        for x in sweep().filter(|x| x.abs() < 80.0) {
+            let x64 = f64::from(x);
+            let want = x64 / (1.0 + (-x64).exp());
+            let rel = (f64::from(silu(x)) - want).abs() / want.abs().max(f64::MIN_POSITIVE);
+            worst = worst.max(rel);
+        }
+        assert!(worst <= 2f64.powi(-21), "worst relative error {worst:e}");
+        assert!(silu(f32::NAN).is_nan());
+        assert_eq!(silu(-1e30), -0.0);
+        assert_eq!(silu(1e30), 1e30);
     }
 
     #[test]

@@ -19,7 +19,7 @@ pub mod memory;
 pub mod pool;
 pub mod schedule;
 
-pub use activation::{gelu_tanh, softcap, softcap_slice};
+pub use activation::{gelu_tanh, silu, softcap, softcap_slice};
 pub use axpy::axpy;
 pub use dot::{dot, dot_f32_w, dot4};
 pub use element::Element;

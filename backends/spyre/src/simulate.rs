@@ -479,11 +479,15 @@ impl<'a> Ctx<'a, '_> {
                     .for_each(|(a, p)| *a += p);
                 (acc, o)
             }
-            Sfp::GeluMul { g, u, out, elems } => {
+            Sfp::GeluMul { g, u, out, elems } | Sfp::SiluMul { g, u, out, elems } => {
+                let act = match sfp {
+                    Sfp::GeluMul { .. } => moek_cpu::gelu_tanh,
+                    _ => moek_cpu::silu,
+                };
                 let mut o = std::mem::take(lx.get_mut(out.as_str()).expect("validated"));
                 let (gv, uv) = (&lx[g.as_str()], &lx[u.as_str()]);
                 for i in 0..*elems {
-                    o[i] = moek_cpu::gelu_tanh(gv[i]) * uv[i];
+                    o[i] = act(gv[i]) * uv[i];
                 }
                 (out, o)
             }

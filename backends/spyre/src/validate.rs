@@ -404,7 +404,7 @@ impl Checker<'_> {
                 self.operand(acc, *elems)?;
                 self.operand(part, *elems)
             }
-            Sfp::GeluMul { g, u, out, elems } => {
+            Sfp::GeluMul { g, u, out, elems } | Sfp::SiluMul { g, u, out, elems } => {
                 self.operand(g, *elems)?;
                 self.operand(u, *elems)?;
                 self.operand(out, *elems)

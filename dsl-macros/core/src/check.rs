@@ -16,7 +16,7 @@ use syn::{Ident, LitInt};
 /// Every key a spec may use, in the order docs/dsl.md documents them.
 pub const KEYS: &[&str] = &[
     "dims", "dtypes", "targets", "select", "reduce", "columns", "cores", "groups", "loop",
-    "stream", "requires",
+    "stream", "requires", "activation",
 ];
 
 /// Validates one spec. All errors are collected; the IR is returned only when there are none.
@@ -51,6 +51,7 @@ struct Parsed {
     persistent: Option<LoopDecl>,
     stream: Vec<SizeDecl>,
     requires: Vec<Capability>,
+    activation: Option<(Activation, Span)>,
     has_dtypes: bool,
     has_targets: bool,
 }
@@ -115,7 +116,16 @@ impl Checker {
                 stream,
             },
             requires: p.requires.clone(),
+            activation: p.activation.map(|a| a.0).unwrap_or_default(),
         };
+        if let Some((_, span)) = p.activation
+            && !op.has_activation()
+        {
+            self.errors.push(
+                span,
+                format!("`{op}` has no gated pair: `activation` applies to gate_up, expert_ffn and dense_mlp"),
+            );
+        }
         if kernel.targets.contains(&Target::Spyre) {
             self.spyre_rules(spec, &kernel, &p);
         }
@@ -214,6 +224,15 @@ impl Checker {
                 "groups" => p.groups = parse_or_record!(<SizeDecl as syn::parse::Parse>::parse),
                 "loop" => p.persistent = parse_or_record!(<LoopDecl as syn::parse::Parse>::parse),
                 "stream" => p.stream = parse_or_record!(parse::sizes).unwrap_or_default(),
+                "activation" => {
+                    let names = parse_or_record!(parse::names);
+                    let acts =
+                        self.named(names, Activation::from_name, "activation", Activation::valid_names);
+                    if acts.len() > 1 {
+                        self.errors.push(acts[1].1, "a spec has one activation");
+                    }
+                    p.activation = acts.first().copied();
+                }
                 _ => unreachable!("every key in KEYS is handled"),
             }
         }

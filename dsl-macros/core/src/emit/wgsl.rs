@@ -23,7 +23,7 @@
 
 use moek_ir::plan::{DeviceCaps, DevicePlan, Role, Step, TensorPlan, WORKGROUP};
 use moek_ir::reference::Shape;
-use moek_ir::{DType, DimName, Kernel, Op, Phase, Selection};
+use moek_ir::{Activation, DType, DimName, Kernel, Op, Phase, Selection};
 use std::fmt::Write;
 
 /// Tokens per workgroup in the persistent loop: each weight is loaded once per tile.
@@ -489,7 +489,7 @@ impl<'k> Emitter<'k> {
     }
 
     /// Gathered gate/up: one workgroup per (token, route, column) writes
-    /// `gelu_tanh(gate) * up` to `dst[t, r, j]`.
+    /// `act(gate) * up` to `dst[t, r, j]`.
     fn gather_gate_up(&mut self, phase: Phase, dst: &str) {
         let s = self.s;
         let (f, h) = (s.f, s.h);
@@ -514,8 +514,9 @@ impl<'k> Emitter<'k> {
                  let t = tr / {r}u;\n    \
                  let e = idx_0[tr];\n    \
                  var acc = vec2<f32>(0.0);\n{red}    \
-                 if (lid == 0u) {{ {st}[tr * {f}u + j] = gelu_tanh(acc.x) * acc.y; }}\n",
+                 if (lid == 0u) {{ {st}[tr * {f}u + j] = {act}(acc.x) * acc.y; }}\n",
                 r = s.r,
+                act = self.k.activation,
             );
             self.entry(&name, s.t * s.r * w, &body);
         }
@@ -657,7 +658,10 @@ impl<'k> Emitter<'k> {
             "    let j = wid.x * WG + lid;\n    \
              if (j >= {f}u) {{ return; }}\n{}{g}{u}{}",
             tile.replace("ROW", &format!("{h}u")),
-            store(&format!("act_0[t * {f}u + j] = gelu_tanh(g[q]) * u[q];")),
+            store(&format!(
+                "act_0[t * {f}u + j] = {}(g[q]) * u[q];",
+                self.k.activation
+            )),
         );
         let segs = self.segments(Phase::Down, DimName::F, f);
         let dot = self.tile("down", "act", even(&segs, f));
@@ -710,11 +714,12 @@ impl<'k> Emitter<'k> {
                 format!("{up}(j, t * {h}u, K0, K1, lid)"),
             ],
         );
+        let act = self.k.activation;
         let body = format!(
             "    let j = row % {f}u;\n    \
              let t = row / {f}u;\n    \
              var acc = vec2<f32>(0.0);\n{red}    \
-             if (lid == 0u) {{ act_0[t * {f}u + j] = gelu_tanh(acc.x) * acc.y; }}\n"
+             if (lid == 0u) {{ act_0[t * {f}u + j] = {act}(acc.x) * acc.y; }}\n"
         );
         self.entry("gate_up", s.t * f, &body);
         let down = self.part("down", "act");
@@ -784,7 +789,9 @@ impl<'k> Emitter<'k> {
             src,
             "\nconst WG: u32 = {WORKGROUP}u;\nconst TILE: u32 = {TILE}u;\n"
         );
-        src.push_str(COMMON);
+        src.push_str(PARAMS);
+        src.push_str(activation(self.k.activation));
+        src.push_str(SOFTCAP);
         src.push_str(&workgroup_sum("wg_sum", "red1", "f32"));
         src.push_str(&workgroup_sum("wg_sum2", "red2", "vec2<f32>"));
         src.push_str(&self.declarations());
@@ -855,19 +862,34 @@ fn workgroup_sum(name: &str, buf: &str, ty: &str) -> String {
     )
 }
 
-/// Shared by every program: the params block, the token tile, the activations.
-const COMMON: &str = "struct Params { trip: u32, softcap: f32, pad0: u32, pad1: u32 }
+/// Shared by every program: the params block and the token tile.
+const PARAMS: &str = "struct Params { trip: u32, softcap: f32, pad0: u32, pad1: u32 }
 
 var<private> tok: array<u32, TILE>;
 
-// tanh's argument is clamped: some drivers' tanh overflows to NaN for large inputs, and
+";
+
+/// The activation's WGSL function, named as in specs.
+fn activation(act: Activation) -> &'static str {
+    match act {
+        Activation::GeluTanh => "// tanh's argument is clamped: some drivers' tanh overflows to NaN for large inputs, and
 // tanh(15) is 1 in f32.
 fn gelu_tanh(x: f32) -> f32 {
     let u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
     return 0.5 * x * (1.0 + tanh(clamp(u, -15.0, 15.0)));
 }
 
-fn softcap(x: f32, cap: f32) -> f32 {
+",
+        // exp(-x) overflows to inf below -88, where x / inf is -0, the limit.
+        Activation::Silu => "fn silu(x: f32) -> f32 {
+    return x / (1.0 + exp(-x));
+}
+
+",
+    }
+}
+
+const SOFTCAP: &str = "fn softcap(x: f32, cap: f32) -> f32 {
     return cap * tanh(clamp(x / cap, -15.0, 15.0));
 }
 

@@ -448,12 +448,13 @@ fn gate_up(k: &Kernel, s: &Sizes, phase: IrPhase, out: &str) -> Result<Phase, Lo
                         });
                     }
                 }
-                body.push(Op::Sfp(Sfp::GeluMul {
-                    g: g.clone(),
-                    u: u.clone(),
-                    out: a.clone(),
-                    elems: n,
-                }));
+                body.push(Op::Sfp(Sfp::act_mul(
+                    k.activation,
+                    g.clone(),
+                    u.clone(),
+                    a.clone(),
+                    n,
+                )));
                 let start = vec![add(&t0, ti), add(&r0, ri), add(&f0, c0)];
                 let region = Region {
                     tensor: out.into(),
@@ -800,12 +801,13 @@ fn persistent(k: &Kernel, s: &Sizes) -> Result<Phase, LowerError> {
                 });
             }
         }
-        body.push(Op::Sfp(Sfp::GeluMul {
-            g: g.clone(),
-            u: u.clone(),
-            out: a.clone(),
-            elems: tg * n,
-        }));
+        body.push(Op::Sfp(Sfp::act_mul(
+            k.activation,
+            g.clone(),
+            u.clone(),
+            a.clone(),
+            tg * n,
+        )));
         let region = Region {
             tensor: "down".into(),
             start: vec![zero.clone(), Affine::constant(c0), e0.clone()],
