@@ -108,4 +108,3 @@ impl Step {
         Some((x, n.div_ceil(x)))
     }
 }
-

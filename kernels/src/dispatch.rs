@@ -8,8 +8,8 @@
 use crate::elem::Elem;
 use crate::inputs::{InputError, Inputs};
 use crate::registry::KernelEntry;
-use moek_ir::{Activation, Capability, DType, Kernel, Op, Target};
 use moek_ir::reference::Shape;
+use moek_ir::{Activation, Capability, DType, Kernel, Op, Target};
 use std::fmt;
 use thiserror::Error;
 
@@ -292,9 +292,11 @@ pub fn choose(
                 valid,
             });
         };
-        eligible(entry, backend, task, dtype, shape).map_err(|reason| DispatchError::Requested {
-            name: name.to_string(),
-            reason,
+        eligible(entry, backend, task, dtype, shape).map_err(|reason| {
+            DispatchError::Requested {
+                name: name.to_string(),
+                reason,
+            }
         })?;
         choice.kernel = name.to_string();
         choice.why = "requested explicitly".to_string();

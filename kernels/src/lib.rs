@@ -26,9 +26,9 @@ pub mod wgpu;
 pub use dispatch::{Backend, Choice, DispatchError, Ineligible};
 pub use elem::Elem;
 pub use inputs::{InputError, Inputs};
+pub use moek_dsl_macros::kernel;
 pub use moek_ir as ir;
 pub use moek_ir::reference::Shape;
-pub use moek_dsl_macros::kernel;
 pub use registry::{CpuFn, CpuFns, KernelEntry};
 
 /// What generated code names; not a public API.

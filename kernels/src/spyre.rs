@@ -7,9 +7,9 @@
 
 use crate::elem::Elem;
 use crate::inputs::Inputs;
+use moek_dsl::spyre::lower::{self, LowerError};
 use moek_ir::Kernel;
 use moek_ir::reference::Shape;
-use moek_dsl::spyre::lower::{self, LowerError};
 use moek_ir::spyre::{Program, Role};
 use moek_spyre::simulate::PhaseCounters;
 use moek_spyre::{Cost, Data, Device, Mode, SimError};

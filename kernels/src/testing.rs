@@ -11,9 +11,9 @@ use crate::elem::Elem;
 use crate::inputs::{Inputs, output_len};
 use crate::registry::KernelEntry;
 use half::{bf16, f16};
-use moek_ir::{Activation, DType, DimName, Kernel, Op, Target};
 use moek_ir::reference::{self, Shape};
 use moek_ir::tolerance::{Deviation, Tolerance, tolerance, tolerance_dl16};
+use moek_ir::{Activation, DType, DimName, Kernel, Op, Target};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
@@ -576,7 +576,10 @@ impl<W: Elem> Case<W> {
             seed,
             argmax,
         );
-        let want: Vec<Vec<f64>> = sample.par_iter().map(|&r| self.reference_row(act, r)).collect();
+        let want: Vec<Vec<f64>> = sample
+            .par_iter()
+            .map(|&r| self.reference_row(act, r))
+            .collect();
         let got: Vec<f32> = sample
             .iter()
             .flat_map(|&r| out[r * width..(r + 1) * width].iter().copied())

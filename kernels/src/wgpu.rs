@@ -8,8 +8,8 @@
 use crate::elem::Elem;
 use crate::inputs::Inputs;
 use moek_dsl::emit::wgsl::{self, WgslError};
-use moek_ir::plan::Role;
 use moek_ir::Kernel;
+use moek_ir::plan::Role;
 use moek_ir::reference::Shape;
 use moek_wgpu::{GpuError, GpuTensor};
 use std::collections::{HashMap, HashSet};

@@ -60,11 +60,25 @@ fn the_activation_is_part_of_what_is_asked_for() {
         op: Op::ExpertFfn,
         activation: Activation::Silu,
     };
-    let c = dispatch::choose(specs::all(), &Backend::cpu(), silu, DType::Bf16, &DECODE, None)
-        .expect("the SiLU variant serves decode");
+    let c = dispatch::choose(
+        specs::all(),
+        &Backend::cpu(),
+        silu,
+        DType::Bf16,
+        &DECODE,
+        None,
+    )
+    .expect("the SiLU variant serves decode");
     assert_eq!(c.kernel, "decode_expert_ffn_blocked_silu");
-    let err = dispatch::choose(specs::all(), &Backend::cpu(), silu, DType::F32, &DECODE, None)
-        .expect_err("no SiLU variant has f32");
+    let err = dispatch::choose(
+        specs::all(),
+        &Backend::cpu(),
+        silu,
+        DType::F32,
+        &DECODE,
+        None,
+    )
+    .expect_err("no SiLU variant has f32");
     assert!(err.to_string().contains("gelu_tanh"), "{err}");
 }
 
@@ -407,7 +421,16 @@ fn a_wgpu_session_uploads_expert_banks_once_for_prefill_and_decode() {
     let mut row = vec![f32::NAN; s.h];
     session.run(&k, &one, &inputs, &mut row).unwrap();
     assert_eq!(session.weight_uploads(), 2, "decode reuses the kept banks");
-    let want = moek_ir::reference::expert_ffn(&one, Activation::GeluTanh, &x, idx, weights, &prefill.w1, &prefill.w2, 0);
+    let want = moek_ir::reference::expert_ffn(
+        &one,
+        Activation::GeluTanh,
+        &x,
+        idx,
+        weights,
+        &prefill.w1,
+        &prefill.w2,
+        0,
+    );
     let dev = moek_ir::tolerance::Deviation::measure(&row, &want);
     assert!(
         dev.within(moek_ir::tolerance::tolerance(DType::F16)),

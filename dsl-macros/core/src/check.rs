@@ -4,9 +4,9 @@
 
 use crate::ast::*;
 use crate::errors::Errors;
-use moek_ir::*;
 use crate::parse;
 use crate::spyre;
+use moek_ir::*;
 use proc_macro2::Span;
 use std::collections::HashMap;
 use syn::parse::Parser;
@@ -15,8 +15,18 @@ use syn::{Ident, LitInt};
 
 /// Every key a spec may use, in the order docs/dsl.md documents them.
 pub const KEYS: &[&str] = &[
-    "dims", "dtypes", "targets", "select", "reduce", "columns", "cores", "groups", "loop",
-    "stream", "requires", "activation",
+    "dims",
+    "dtypes",
+    "targets",
+    "select",
+    "reduce",
+    "columns",
+    "cores",
+    "groups",
+    "loop",
+    "stream",
+    "requires",
+    "activation",
 ];
 
 /// Validates one spec. All errors are collected; the IR is returned only when there are none.
@@ -226,8 +236,12 @@ impl Checker {
                 "stream" => p.stream = parse_or_record!(parse::sizes).unwrap_or_default(),
                 "activation" => {
                     let names = parse_or_record!(parse::names);
-                    let acts =
-                        self.named(names, Activation::from_name, "activation", Activation::valid_names);
+                    let acts = self.named(
+                        names,
+                        Activation::from_name,
+                        "activation",
+                        Activation::valid_names,
+                    );
                     if acts.len() > 1 {
                         self.errors.push(acts[1].1, "a spec has one activation");
                     }

@@ -1,8 +1,8 @@
 //! The DSL stages directly, without the proc macro: what `kernel!` expands to parses as Rust, every
 //! mistake of a spec is collected, and the IR survives its JSON round trip (what `moek` reads).
 
-use moek_ir::{DimName, Kernel, Op, Selection};
 use moek_dsl::{check, expand, parse};
+use moek_ir::{DimName, Kernel, Op, Selection};
 use quote::quote;
 
 fn spec(tokens: proc_macro2::TokenStream) -> syn::Result<Kernel> {

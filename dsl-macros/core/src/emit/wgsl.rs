@@ -49,7 +49,12 @@ pub enum WgslError {
 }
 
 /// The program of `k` for `dtype` at shape `s` on `dev`.
-pub fn program(k: &Kernel, dtype: DType, s: &Shape, dev: &DeviceCaps) -> Result<DevicePlan, WgslError> {
+pub fn program(
+    k: &Kernel,
+    dtype: DType,
+    s: &Shape,
+    dev: &DeviceCaps,
+) -> Result<DevicePlan, WgslError> {
     let mut e = Emitter::new(k, dtype, *s, *dev);
     e.build()?;
     Ok(e.finish())
