@@ -23,8 +23,8 @@ enum Command {
     Emit {
         /// The spec's name (see `moek list`).
         name: String,
-        #[arg(long, value_enum, default_value_t = commands::emit::EmitBackend::Cpu)]
-        backend: commands::emit::EmitBackend,
+        #[arg(long, value_enum, default_value_t = commands::BackendArg::Cpu)]
+        backend: commands::BackendArg,
         /// WGSL: the dtype to emit for (default: the spec's first).
         #[arg(long)]
         dtype: Option<String>,

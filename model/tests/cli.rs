@@ -220,6 +220,21 @@ fn check_names_what_a_cpu_driver_ran_and_prints_its_wall_time() {
 }
 
 #[test]
+fn one_backend_name_serves_every_command() {
+    // `wgpu` and `wgsl` name the same backend to `emit`.
+    let (ok, by_backend, err) = moek(&["emit", "decode_expert_ffn_blocked", "--backend", "wgpu"]);
+    assert!(ok, "{err}");
+    let (_, by_language, _) = moek(&["emit", "decode_expert_ffn_blocked", "--backend", "wgsl"]);
+    assert_eq!(by_backend, by_language);
+    // `bench` measures this machine's backends and says where Spyre's figures are, before
+    // measuring anything.
+    let (ok, out, err) = moek(&["bench", "--backend", "spyre"]);
+    assert!(!ok);
+    assert!(out.is_empty(), "{out}");
+    assert!(err.contains("moek spyre-calibrate"), "{err}");
+}
+
+#[test]
 fn emit_prints_the_wgsl_program() {
     let (ok, out, err) = moek(&["emit", "decode_expert_ffn_blocked", "--backend", "wgsl"]);
     assert!(ok, "{err}");

@@ -8,7 +8,7 @@
 //! The machine is noisy: every figure is a median of repeated runs, and ratios are taken within
 //! one run.
 
-use super::{CommandError, spec};
+use super::{BackendArg, CommandError, spec};
 use half::bf16;
 use moek_kernels::ir::Op;
 use moek_kernels::testing::{Case, routes};
@@ -28,8 +28,8 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
     /// Where the kernels run: the CPU (against this machine's floors) or the wgpu adapter present.
-    #[arg(long, value_enum, default_value_t = BenchBackend::Cpu)]
-    pub backend: BenchBackend,
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    pub backend: BackendArg,
     /// Bench the whole model at this geometry (random weights in memory) instead of the kernels.
     #[arg(long, value_enum)]
     pub geometry: Option<Geometry>,
@@ -47,12 +47,6 @@ pub struct BenchArgs {
 pub enum Geometry {
     #[value(name = "26b-a4b")]
     Gemma4_26bA4b,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum BenchBackend {
-    Cpu,
-    Wgpu,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -101,11 +95,18 @@ pub const DECODE_FLOOR: f64 = 0.80;
 pub const PREFILL_FLOOR: f64 = 0.60;
 
 pub fn run(args: &BenchArgs) -> Result<ExitCode, CommandError> {
+    if args.backend == BackendArg::Spyre {
+        return Err(CommandError::Usage(
+            "`moek bench` measures the cpu and wgpu backends on this machine; the Spyre cost model \
+             is `moek spyre-calibrate`"
+                .into(),
+        ));
+    }
     if args.geometry.is_some() {
         // The model's kernels run on the chosen backend; attention and norms on the CPU.
         return super::bench_model::run(args, args.layers.max(1));
     }
-    if args.backend == BenchBackend::Wgpu {
+    if args.backend == BackendArg::Wgpu {
         #[cfg(feature = "wgpu")]
         return gpu::run(args);
         #[cfg(not(feature = "wgpu"))]

@@ -5,7 +5,6 @@
 //! the weights' bytes.
 
 use super::bench::{BenchArgs, Format, median, median_ratio, print_json};
-use super::run::BackendArg;
 use crate::checkpoint::{Checkpoint, LoadError};
 use crate::commands::CommandError;
 use crate::forward::{Cache, Head, Model, Trace};
@@ -155,10 +154,7 @@ fn written(cfg: &crate::config::Config) -> Result<Checkpoint, CommandError> {
 const PARTS: [&str; 3] = ["lm_head", "moe", "dense_mlp"];
 
 pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandError> {
-    let backend = match args.backend {
-        super::bench::BenchBackend::Cpu => BackendArg::Cpu,
-        super::bench::BenchBackend::Wgpu => BackendArg::Wgpu,
-    };
+    let backend = args.backend;
     let cfg = crate::tiny::gemma4_26b(layers);
     let ck;
     let weights = match args.from_file {

@@ -1,34 +1,23 @@
 //! `moek emit NAME --backend B`: the generated source, from the same IR the macro validated.
 
-use super::{CommandError, spec};
+use super::{BackendArg, CommandError, spec};
 use moek_dsl::emit::wgsl;
 use moek_ir::plan::{DeviceCaps, Step};
-use moek_kernels::ir::{DType, Target};
+use moek_kernels::ir::DType;
 use std::process::ExitCode;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum EmitBackend {
-    Cpu,
-    Wgsl,
-    Spyre,
-}
 
 /// The binding limit WGSL is emitted for without an adapter: lavapipe's (and WebGPU's usual).
 const BINDING_LIMIT: u64 = 128 << 20;
 
 pub fn run(
     name: &str,
-    backend: EmitBackend,
+    backend: BackendArg,
     dtype: Option<&str>,
     f16: bool,
 ) -> Result<ExitCode, CommandError> {
     let entry = spec(name)?;
     let ir = entry.ir();
-    let target = match backend {
-        EmitBackend::Cpu => Target::Cpu,
-        EmitBackend::Wgsl => Target::Wgpu,
-        EmitBackend::Spyre => Target::Spyre,
-    };
+    let target = backend.target();
     if !ir.targets.contains(&target) {
         let targets = ir
             .targets
@@ -43,8 +32,8 @@ pub fn run(
         });
     }
     match backend {
-        EmitBackend::Cpu => print!("{}", moek_dsl::emit::cpu_source(ir)),
-        EmitBackend::Spyre => {
+        BackendArg::Cpu => print!("{}", moek_dsl::emit::cpu_source(ir)),
+        BackendArg::Spyre => {
             // The same lowering the macro ran; programs differ by dtype only in their `dtype`.
             let program = moek_dsl::spyre::lower::program(ir, ir.dtypes[0]).map_err(|why| {
                 CommandError::NoProgram {
@@ -58,7 +47,7 @@ pub fn run(
                 serde_json::to_string_pretty(&program).expect("programs serialise")
             );
         }
-        EmitBackend::Wgsl => {
+        BackendArg::Wgpu => {
             let valid = || {
                 ir.dtypes
                     .iter()

@@ -9,7 +9,37 @@ pub mod run;
 #[cfg(feature = "spyre")]
 pub mod spyre;
 
+use moek_kernels::dispatch::Backend;
+use moek_kernels::ir::Target;
 use thiserror::Error;
+
+/// The one command-line name of a backend (`--backend`). `wgsl` is accepted for `wgpu`: it is
+/// the language `moek emit` prints for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendArg {
+    Cpu,
+    #[value(alias = "wgsl")]
+    Wgpu,
+    Spyre,
+}
+
+impl BackendArg {
+    pub fn target(self) -> Target {
+        match self {
+            BackendArg::Cpu => Target::Cpu,
+            BackendArg::Wgpu => Target::Wgpu,
+            BackendArg::Spyre => Target::Spyre,
+        }
+    }
+
+    pub fn backend(self) -> Backend {
+        match self {
+            BackendArg::Cpu => Backend::cpu(),
+            BackendArg::Wgpu => Backend::wgpu(),
+            BackendArg::Spyre => Backend::spyre(),
+        }
+    }
+}
 
 /// What a command can fail with (besides a failed check, which is an exit code).
 #[derive(Debug, Error)]

@@ -1,7 +1,7 @@
 //! `moek logits` and `moek generate`: a checkpoint directory (or the built-in tiny model) run on
 //! the generated kernels of the chosen backend.
 
-use super::CommandError;
+use super::{BackendArg, CommandError};
 use crate::checkpoint::{Checkpoint, Residence};
 use crate::config::Config;
 use crate::forward::{Cache, Head, Model, Trace};
@@ -9,27 +9,9 @@ use crate::generate::{Sampling, generate};
 use crate::ops::Float;
 use crate::weights;
 use half::{bf16, f16};
-use moek_kernels::dispatch::Backend;
 use safetensors::Dtype;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum BackendArg {
-    Cpu,
-    Wgpu,
-    Spyre,
-}
-
-impl BackendArg {
-    pub fn backend(self) -> Backend {
-        match self {
-            BackendArg::Cpu => Backend::cpu(),
-            BackendArg::Wgpu => Backend::wgpu(),
-            BackendArg::Spyre => Backend::spyre(),
-        }
-    }
-}
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
