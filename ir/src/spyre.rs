@@ -292,4 +292,13 @@ impl Sfp {
             Activation::Silu => Sfp::SiluMul { g, u, out, elems },
         }
     }
+
+    /// The activation of a gated-pair op ([`Sfp::act_mul`]'s), `None` for the others.
+    pub fn activation(&self) -> Option<Activation> {
+        match self {
+            Sfp::GeluMul { .. } => Some(Activation::GeluTanh),
+            Sfp::SiluMul { .. } => Some(Activation::Silu),
+            Sfp::Zero { .. } | Sfp::Add { .. } | Sfp::ScaleAcc { .. } => None,
+        }
+    }
 }

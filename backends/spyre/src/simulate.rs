@@ -5,6 +5,7 @@
 
 use crate::dl16;
 use crate::validate::{ValidationError, validate};
+use moek_ir::Activation;
 use moek_ir::spyre::*;
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -480,9 +481,9 @@ impl<'a> Ctx<'a, '_> {
                 (acc, o)
             }
             Sfp::GeluMul { g, u, out, elems } | Sfp::SiluMul { g, u, out, elems } => {
-                let act = match sfp {
-                    Sfp::GeluMul { .. } => moek_cpu::gelu_tanh,
-                    _ => moek_cpu::silu,
+                let act = match sfp.activation().expect("a gated-pair op") {
+                    Activation::GeluTanh => moek_cpu::gelu_tanh,
+                    Activation::Silu => moek_cpu::silu,
                 };
                 let mut o = std::mem::take(lx.get_mut(out.as_str()).expect("validated"));
                 let (gv, uv) = (&lx[g.as_str()], &lx[u.as_str()]);

@@ -6,6 +6,7 @@ use crate::ast::*;
 use crate::errors::Errors;
 use crate::parse;
 use crate::spyre;
+use moek_ir::spyre::{CORES, LX_BUDGET, STICK_ELEMS};
 use moek_ir::*;
 use proc_macro2::Span;
 use std::collections::HashMap;
@@ -632,7 +633,7 @@ impl Checker {
                 if let Some(Some(size)) = sizes.get(&dim)
                     && size % parts != 0
                 {
-                    let valid: Vec<String> = (1..=moek_ir::spyre::CORES.min(*size))
+                    let valid: Vec<String> = (1..=CORES.min(*size))
                         .filter(|d| size % d == 0)
                         .map(|d| d.to_string())
                         .collect();
@@ -799,7 +800,7 @@ impl Checker {
                 .map_or(spec.name.span(), |s| s.mode.span());
             self.errors.push(span, "grouped selection has data-dependent group sizes, which spyre programs cannot have: use `gather` or `dense`");
         }
-        let stick = moek_ir::spyre::STICK_ELEMS;
+        let stick = STICK_ELEMS;
         for (decl, kind) in p
             .reduce
             .iter()
@@ -840,7 +841,7 @@ impl Checker {
                     continue; // reported by the divisibility rule
                 }
                 if (size / parts) % stick != 0 {
-                    let valid: Vec<String> = (1..=moek_ir::spyre::CORES)
+                    let valid: Vec<String> = (1..=CORES)
                         .filter(|d| size % d == 0 && (size / d) % stick == 0)
                         .map(|d| d.to_string())
                         .collect();
@@ -866,12 +867,12 @@ impl Checker {
         }
         if free.is_empty() && k.schedule.select != Selection::Grouped {
             for r in spyre::resident(k) {
-                if r.bytes > moek_ir::spyre::LX_BUDGET {
+                if r.bytes > LX_BUDGET {
                     self.errors.push(
                         spec.name.span(),
                         format!(
                             "resident operand `{}` needs {} bytes of LX per core; the budget is {} bytes (2 MiB less 20% reserved): split tokens further or use more groups",
-                            r.name, r.bytes, moek_ir::spyre::LX_BUDGET
+                            r.name, r.bytes, LX_BUDGET
                         ),
                     );
                 }
@@ -888,14 +889,10 @@ impl Checker {
                 }
             }
             let total: usize = spyre::resident(k).iter().map(|r| r.bytes).sum();
-            if total > moek_ir::spyre::LX_BUDGET
-                && spyre::resident(k)
-                    .iter()
-                    .all(|r| r.bytes <= moek_ir::spyre::LX_BUDGET)
-            {
+            if total > LX_BUDGET && spyre::resident(k).iter().all(|r| r.bytes <= LX_BUDGET) {
                 self.errors.push(
                     spec.name.span(),
-                    format!("resident operands need {total} bytes of LX per core together; the budget is {} bytes", moek_ir::spyre::LX_BUDGET),
+                    format!("resident operands need {total} bytes of LX per core together; the budget is {} bytes", LX_BUDGET),
                 );
             }
         }
