@@ -394,6 +394,33 @@ impl Op {
         matches!(self, Op::GateUp | Op::ExpertFfn | Op::DenseMlp)
     }
 
+    /// Dims a phase's work units may be cut along (what the emitters map onto cores).
+    pub fn splittable_dims(self, select: Selection, phase: Phase) -> Vec<DimName> {
+        use DimName::*;
+        let of = |p: Phase| -> &'static [DimName] {
+            match (self, p) {
+                (Op::ExpertFfn, Phase::GateUp) if select == Selection::Dense => &[T, F, H],
+                (Op::ExpertFfn, Phase::Down) if select == Selection::Dense => &[T, H, F],
+                (Op::GateUp, _) => &[T, R, F, H],
+                (Op::Down, _) => &[T, R, H, F],
+                (Op::ExpertFfn, Phase::GateUp) => &[T, R, F, H],
+                (Op::ExpertFfn, Phase::Down) => &[T, R, H, F],
+                (Op::DenseMlp, Phase::GateUp) => &[T, F, H],
+                (Op::DenseMlp, Phase::Down) => &[T, H, F],
+                (Op::LmHeadRow, _) => &[V],
+                (Op::ExpertFfn | Op::DenseMlp, Phase::All) => unreachable!("resolved below"),
+            }
+        };
+        match (self.has_phases(), phase) {
+            (true, Phase::All) => of(Phase::GateUp)
+                .iter()
+                .copied()
+                .filter(|d| of(Phase::Down).contains(d))
+                .collect(),
+            _ => of(phase).to_vec(),
+        }
+    }
+
     /// Whether the op reads an expert bank (and so needs a `select`).
     pub fn uses_experts(self) -> bool {
         matches!(self, Op::GateUp | Op::Down | Op::ExpertFfn)

@@ -1,7 +1,7 @@
 //! What a validated kernel spec is, and what its emitters produce for the backends, as plain data:
-//! the IR ([`kernel`], re-exported at the root), the f64 reference semantics of every op
-//! ([`reference`]), the tolerance table ([`tolerance`]), the Spyre program format ([`spyre`]) and
-//! device plans ([`plan`]).
+//! the IR ([`kernel`], re-exported at the root), the op table of tensors ([`tensors`]), the f64
+//! reference semantics of every op ([`reference`]), the tolerance table ([`tolerance`]), the
+//! Spyre program format ([`spyre`]) and device plans ([`plan`]).
 //!
 //! This crate parses nothing (no syn): the proc-macro core (`moek-dsl`) builds these types from
 //! spec tokens, and the backends and the kernel runtime read them without compiling a parser.
@@ -10,6 +10,7 @@ pub mod kernel;
 pub mod plan;
 pub mod reference;
 pub mod spyre;
+pub mod tensors;
 pub mod tolerance;
 
 pub use kernel::*;

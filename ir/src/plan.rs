@@ -55,6 +55,9 @@ pub struct TensorPlan {
     pub role: Role,
     pub elems: usize,
     pub elem_bytes: usize,
+    /// u32 words read as they are (route indices, expert lists), never through a float loader.
+    #[serde(default)]
+    pub integer: bool,
     pub row_len: usize,
     pub chunk_rows: usize,
     pub chunks: usize,

@@ -302,3 +302,19 @@ impl Sfp {
         }
     }
 }
+
+/// Ops in `ops`, loops flattened (a loop is one op, then its preheader, body and drain): the
+/// numbering of buffer live ranges.
+pub fn flat_len(ops: &[Op]) -> usize {
+    ops.iter()
+        .map(|op| match op {
+            Op::Loop {
+                preheader,
+                body,
+                drain,
+                ..
+            } => 1 + flat_len(preheader) + flat_len(body) + flat_len(drain),
+            _ => 1,
+        })
+        .sum()
+}

@@ -5,6 +5,7 @@
 //! decisions; then declaration order. An explicitly requested variant that is not eligible is an
 //! error returned before anything is computed or written.
 
+use crate::backend;
 use crate::elem::Elem;
 use crate::inputs::{InputError, Inputs};
 use crate::registry::KernelEntry;
@@ -21,51 +22,26 @@ pub struct Backend {
 }
 
 impl Backend {
-    /// The CPU reads expert banks in place by route (the checkpoint layout is its indexed-selection
-    /// layout, and no read copies the selected weights). It has no LX scratchpad, so it lacks
-    /// `lx_completed_sum`: the persistent Spyre-shaped prefill is tested on the CPU but not
-    /// dispatched there (the grouped prefill is the CPU's algorithm).
+    /// The CPU ([`backend::Cpu`]).
     pub fn cpu() -> Backend {
-        Backend {
-            target: Target::Cpu,
-            capabilities: vec![
-                Capability::IndexedSelectionLayout,
-                Capability::ReadCopyElision,
-            ],
-        }
+        Backend::of(Target::Cpu)
     }
 
-    /// The Spyre simulator: programs read expert banks by route in their stick layouts, complete
-    /// split sums over the ring in LX, and read selected weights without copying them first.
+    /// The Spyre simulator ([`backend::Spyre`]).
     pub fn spyre() -> Backend {
-        Backend {
-            target: Target::Spyre,
-            capabilities: vec![
-                Capability::IndexedSelectionLayout,
-                Capability::LxCompletedSum,
-                Capability::ReadCopyElision,
-            ],
-        }
+        Backend::of(Target::Spyre)
     }
 
-    /// wgpu: banks are bound in the checkpoint layout and read by route in place, without a copy.
-    /// A GPU has no LX scratchpad (no `lx_completed_sum`). `shader_f16` only where the shared
-    /// device reads f16 natively (see `moek_wgpu::F16Mode`).
+    /// wgpu on the shared adapter ([`backend::Wgpu`]).
     pub fn wgpu() -> Backend {
-        #[cfg(feature = "wgpu")]
-        let f16 = crate::wgpu::Gpu::shared().is_ok_and(|g| g.f16 == moek_wgpu::F16Mode::Native);
-        #[cfg(not(feature = "wgpu"))]
-        let f16 = false;
-        let mut capabilities = vec![
-            Capability::IndexedSelectionLayout,
-            Capability::ReadCopyElision,
-        ];
-        if f16 {
-            capabilities.push(Capability::ShaderF16);
-        }
+        Backend::of(Target::Wgpu)
+    }
+
+    /// `target` with every capability its runtime provides.
+    pub fn of(target: Target) -> Backend {
         Backend {
-            target: Target::Wgpu,
-            capabilities,
+            target,
+            capabilities: backend::capabilities(target),
         }
     }
 
@@ -77,11 +53,7 @@ impl Backend {
 
     /// Whether this backend's variants are compiled into this build.
     pub fn compiled(&self) -> bool {
-        match self.target {
-            Target::Cpu => cfg!(feature = "cpu"),
-            Target::Spyre => cfg!(feature = "spyre"),
-            Target::Wgpu => cfg!(feature = "wgpu"),
-        }
+        backend::compiled(self.target)
     }
 }
 
@@ -386,24 +358,8 @@ pub fn run<W: Elem>(
         .iter()
         .find(|e| e.name() == choice.kernel)
         .expect("chosen from entries");
-    let result = match backend.target {
-        Target::Cpu => {
-            let f =
-                W::cpu_fn(&entry.cpu).expect("eligible CPU variants are compiled for their dtypes");
-            f(shape, inputs, out)
-        }
-        #[cfg(feature = "spyre")]
-        Target::Spyre => {
-            let k = entry.ir();
-            crate::spyre::run(k, shape, inputs, out, moek_spyre::Mode::Dl16)
-                .map_err(|e| DispatchError::Backend(e.to_string()))?;
-            None
-        }
-        #[cfg(feature = "wgpu")]
-        Target::Wgpu => crate::wgpu::run(entry.ir(), shape, inputs, out)
-            .map_err(|e| DispatchError::Backend(e.to_string()))?,
-        #[allow(unreachable_patterns)]
-        _ => unreachable!("eligible() refuses backends not compiled in"),
-    };
+    let ran =
+        backend::run(backend.target, entry, shape, inputs, out).map_err(DispatchError::Backend)?;
+    let result = ran.argmax;
     Ok((choice, result))
 }

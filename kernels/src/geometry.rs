@@ -2,6 +2,7 @@
 //! benches and `moek check`.
 
 use moek_ir::reference::Shape;
+use moek_ir::{DimName, Kernel, Op};
 
 /// One decoded token and its eight routes over the 128-expert bank.
 pub const DECODE: Shape = Shape {
@@ -18,3 +19,20 @@ pub const PREFILL: Shape = Shape { t: 512, ..DECODE };
 pub const VOCAB: usize = 262_144;
 /// Width of the shared dense MLP.
 pub const DENSE_F: usize = 2112;
+
+/// Sizes for free dims: the 26B-A4B layer (decode when T is free and may be 1, a 512-token prompt
+/// when it must be more).
+pub const REAL: Shape = Shape { v: VOCAB, ..DECODE };
+
+/// A spec's fixed sizes, 26B-A4B sizes for its free dims (the dense MLP's F is [`DENSE_F`]):
+/// the shape `moek check` runs and `moek emit` plans for.
+pub fn real_shape(k: &Kernel) -> Shape {
+    let mut free = REAL;
+    if k.op == Op::DenseMlp {
+        free.f = DENSE_F;
+    }
+    if let Some(t) = k.dim(DimName::T).filter(|d| !d.admits(1)) {
+        free.t = PREFILL.t.max(t.min);
+    }
+    crate::testing::shape_for(k, &free)
+}

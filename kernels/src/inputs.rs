@@ -1,15 +1,20 @@
-//! The tensors each op takes, and the checks that run before any variant touches them.
+//! The tensors each op takes, and the checks that run before any variant touches them. What
+//! each tensor is (name, shape, element class) is the op table, [`moek_ir::tensors`]; this
+//! module binds host slices to it.
 
 use moek_ir::Op;
 use moek_ir::reference::Shape;
+use moek_ir::tensors::ElemClass;
 use thiserror::Error;
 
-/// An op's inputs, row-major, in the checkpoint's own layouts.
+/// An op's inputs, row-major, in the checkpoint's own layouts: weights in `W`, activations in
+/// `A` (the op table's two element classes). Every variant generated today takes `A = W`, the
+/// default; a weight dtype whose activations differ (block-quantized weights) names both.
 #[derive(Clone, Copy, Debug)]
-pub enum Inputs<'a, W> {
+pub enum Inputs<'a, W, A = W> {
     /// `x [T, H]`, `idx [T, R]`, `gate_up [E, 2F, H]` (gate rows first).
     GateUp {
-        x: &'a [W],
+        x: &'a [A],
         idx: &'a [u32],
         gate_up: &'a [W],
     },
@@ -22,7 +27,7 @@ pub enum Inputs<'a, W> {
     },
     /// `x [T, H]`, `idx [T, R]`, `weights [T, R]`, `gate_up [E, 2F, H]`, `down [E, H, F]`.
     ExpertFfn {
-        x: &'a [W],
+        x: &'a [A],
         idx: &'a [u32],
         weights: &'a [f32],
         gate_up: &'a [W],
@@ -30,17 +35,65 @@ pub enum Inputs<'a, W> {
     },
     /// `x [T, H]`, `gate [F, H]`, `up [F, H]`, `down [H, F]`.
     DenseMlp {
-        x: &'a [W],
+        x: &'a [A],
         gate: &'a [W],
         up: &'a [W],
         down: &'a [W],
     },
     /// `hidden [T, H]` (only row T-1 is read), `emb [V, H]`, and the final softcap.
     LmHeadRow {
-        hidden: &'a [W],
+        hidden: &'a [A],
         emb: &'a [W],
         softcap: f32,
     },
+}
+
+/// One bound tensor, as its element class carries it.
+#[derive(Clone, Copy, Debug)]
+pub enum Bound<'a, W, A = W> {
+    /// Activations, in `A`.
+    Act(&'a [A]),
+    /// Weights, in `W`.
+    Weight(&'a [W]),
+    F32(&'a [f32]),
+    Index(&'a [u32]),
+}
+
+impl<'a, W: bytemuck::Pod, A: bytemuck::Pod> Bound<'a, W, A> {
+    pub fn len(&self) -> usize {
+        match self {
+            Bound::Act(v) => v.len(),
+            Bound::Weight(v) => v.len(),
+            Bound::F32(v) => v.len(),
+            Bound::Index(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The elements as bytes (what a device buffer holds).
+    pub fn bytes(&self) -> &'a [u8] {
+        match *self {
+            Bound::Act(v) => bytemuck::cast_slice(v),
+            Bound::Weight(v) => bytemuck::cast_slice(v),
+            Bound::F32(v) => bytemuck::cast_slice(v),
+            Bound::Index(v) => bytemuck::cast_slice(v),
+        }
+    }
+}
+
+impl<W: crate::elem::Elem, A: crate::elem::Elem> Bound<'_, W, A> {
+    /// The values widened to f32 (route indices as numbers).
+    pub fn to_f32(&self) -> Vec<f32> {
+        match *self {
+            Bound::Act(v) => v.iter().map(|x| x.to_f32()).collect(),
+            Bound::Weight(v) => v.iter().map(|x| x.to_f32()).collect(),
+            Bound::F32(v) => v.to_vec(),
+            Bound::Index(v) => v.iter().map(|&i| i as f32).collect(),
+        }
+    }
 }
 
 /// A tensor that does not fit the shape it was given with.
@@ -65,7 +118,7 @@ pub enum InputError {
     Empty { op: Op },
 }
 
-impl<W> Inputs<'_, W> {
+impl<'a, W: bytemuck::Pod, A: bytemuck::Pod> Inputs<'a, W, A> {
     pub fn op(&self) -> Op {
         match self {
             Inputs::GateUp { .. } => Op::GateUp,
@@ -76,79 +129,84 @@ impl<W> Inputs<'_, W> {
         }
     }
 
-    /// Checks every tensor's length, every route index and the output's length against `s`.
-    pub fn validate(&self, s: &Shape, out_len: usize) -> Result<(), InputError> {
-        if s.t == 0 {
-            return Err(InputError::Empty { op: self.op() });
-        }
-        let shape = describe(self.op(), s);
-        let len = |tensor: &'static str, got: usize, expected: usize| {
-            if got == expected {
-                Ok(())
-            } else {
-                Err(InputError::Length {
-                    tensor,
-                    expected,
-                    got,
-                    shape: shape.clone(),
-                })
-            }
-        };
-        let routes = |idx: &[u32]| {
-            idx.iter().enumerate().try_for_each(|(slot, &index)| {
-                if (index as usize) < s.e {
-                    Ok(())
-                } else {
-                    Err(InputError::Route {
-                        slot,
-                        index,
-                        experts: s.e,
-                    })
-                }
-            })
-        };
+    /// The op's tensors in the order of its table ([`Op::tensors`]).
+    pub fn bound(&self) -> Vec<Bound<'a, W, A>> {
+        use Bound::{Act, F32, Index, Weight};
         match *self {
-            Inputs::GateUp { x, idx, gate_up } => {
-                len("x", x.len(), s.t * s.h)?;
-                len("idx", idx.len(), s.t * s.r)?;
-                len("gate_up", gate_up.len(), s.e * 2 * s.f * s.h)?;
-                routes(idx)?;
-            }
+            Inputs::GateUp { x, idx, gate_up } => vec![Act(x), Index(idx), Weight(gate_up)],
             Inputs::Down {
                 act,
                 idx,
                 weights,
                 down,
-            } => {
-                len("act", act.len(), s.t * s.r * s.f)?;
-                len("idx", idx.len(), s.t * s.r)?;
-                len("weights", weights.len(), s.t * s.r)?;
-                len("down", down.len(), s.e * s.h * s.f)?;
-                routes(idx)?;
-            }
+            } => vec![F32(act), Index(idx), F32(weights), Weight(down)],
             Inputs::ExpertFfn {
                 x,
                 idx,
                 weights,
                 gate_up,
                 down,
-            } => {
-                len("x", x.len(), s.t * s.h)?;
-                len("idx", idx.len(), s.t * s.r)?;
-                len("weights", weights.len(), s.t * s.r)?;
-                len("gate_up", gate_up.len(), s.e * 2 * s.f * s.h)?;
-                len("down", down.len(), s.e * s.h * s.f)?;
-                routes(idx)?;
-            }
+            } => vec![
+                Act(x),
+                Index(idx),
+                F32(weights),
+                Weight(gate_up),
+                Weight(down),
+            ],
             Inputs::DenseMlp { x, gate, up, down } => {
-                len("x", x.len(), s.t * s.h)?;
-                len("gate", gate.len(), s.f * s.h)?;
-                len("up", up.len(), s.f * s.h)?;
-                len("down", down.len(), s.h * s.f)?;
+                vec![Act(x), Weight(gate), Weight(up), Weight(down)]
             }
-            Inputs::LmHeadRow { hidden, emb, .. } => {
-                len("hidden", hidden.len(), s.t * s.h)?;
-                len("emb", emb.len(), s.v * s.h)?;
+            Inputs::LmHeadRow { hidden, emb, .. } => vec![Act(hidden), Weight(emb)],
+        }
+    }
+
+    /// The tensor the op's table names `name`, if the op has one.
+    pub fn named(&self, name: &str) -> Option<Bound<'a, W, A>> {
+        let i = self.op().tensors().iter().position(|t| t.name == name)?;
+        Some(self.bound()[i])
+    }
+
+    /// The final logit softcap, for the LM head (0 for every other op).
+    pub fn softcap(&self) -> f32 {
+        match *self {
+            Inputs::LmHeadRow { softcap, .. } => softcap,
+            _ => 0.0,
+        }
+    }
+
+    /// Checks every tensor's length, every route index and the output's length against `s`.
+    pub fn validate(&self, s: &Shape, out_len: usize) -> Result<(), InputError> {
+        if s.t == 0 {
+            return Err(InputError::Empty { op: self.op() });
+        }
+        let defs = self.op().tensors();
+        let bound = self.bound();
+        debug_assert_eq!(
+            defs.len(),
+            bound.len(),
+            "Inputs::bound follows the op table"
+        );
+        for (def, t) in defs.iter().zip(&bound) {
+            let expected = def.len(s);
+            if t.len() != expected {
+                return Err(InputError::Length {
+                    tensor: def.name,
+                    expected,
+                    got: t.len(),
+                    shape: describe(self.op(), s),
+                });
+            }
+        }
+        for (def, t) in defs.iter().zip(&bound) {
+            if let (ElemClass::Index, Bound::Index(idx)) = (def.class, t) {
+                let bad = idx.iter().enumerate().find(|&(_, &i)| i as usize >= s.e);
+                if let Some((slot, &index)) = bad {
+                    return Err(InputError::Route {
+                        slot,
+                        index,
+                        experts: s.e,
+                    });
+                }
             }
         }
         let expected = output_len(self.op(), s);
@@ -162,13 +220,9 @@ impl<W> Inputs<'_, W> {
     }
 }
 
-/// Elements of an op's output: `[T, R, F]` for gate_up, `[V]` for the LM head, else `[T, H]`.
+/// Elements of an op's output ([`Op::output`]).
 pub fn output_len(op: Op, s: &Shape) -> usize {
-    match op {
-        Op::GateUp => s.t * s.r * s.f,
-        Op::LmHeadRow => s.v,
-        _ => s.t * s.h,
-    }
+    s.elements(op.output())
 }
 
 /// `T=1 R=8 E=128 H=2816 F=704`: the op's dims and their sizes.

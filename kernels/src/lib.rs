@@ -11,6 +11,7 @@
 
 extern crate self as moek_kernels;
 
+pub mod backend;
 pub mod dispatch;
 pub mod elem;
 pub mod geometry;

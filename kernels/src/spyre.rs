@@ -6,7 +6,7 @@
 //! macro ran at compile time (where a plan that does not fit is a compile error).
 
 use crate::elem::Elem;
-use crate::inputs::Inputs;
+use crate::inputs::{Bound, Inputs};
 use moek_dsl::spyre::lower::{self, LowerError};
 use moek_ir::Kernel;
 use moek_ir::reference::Shape;
@@ -81,24 +81,19 @@ fn bind<W: Elem>(
         d.write_at(0, &values);
         d
     };
-    let (x, idx, weights, gate_up, down, act) = match *inputs {
-        Inputs::GateUp { x, idx, gate_up } => (Some(x), idx, None, Some(gate_up), None, None),
-        Inputs::Down {
-            act,
-            idx,
-            weights,
-            down,
-        } => (None, idx, Some(weights), None, Some(down), Some(act)),
-        Inputs::ExpertFfn {
-            x,
-            idx,
-            weights,
-            gate_up,
-            down,
-        } => (Some(x), idx, Some(weights), Some(gate_up), Some(down), None),
-        Inputs::DenseMlp { .. } | Inputs::LmHeadRow { .. } => {
-            (None, &[][..], None, None, None, None)
-        }
+    // Host tensors by the op table's names (the program's inputs carry the same names).
+    let host = |name: &str| {
+        inputs
+            .named(name)
+            .ok_or_else(|| SpyreError::Unbound(name.to_string()))
+    };
+    let idx = match inputs.named("idx") {
+        Some(Bound::Index(idx)) => idx,
+        _ => &[][..],
+    };
+    let bank_of = |name: &str| match host(name)? {
+        Bound::Weight(w) => Ok(w),
+        _ => Err(SpyreError::Unbound(name.to_string())),
     };
     let dense = p.tensors.iter().any(|t| t.role == Role::DenseRoutes);
     let experts: Vec<usize> = if dense {
@@ -132,10 +127,10 @@ fn bind<W: Elem>(
                 dev.routes.insert(t.name.clone(), idx.to_vec());
                 continue;
             }
-            (Role::RouteWeights, _) => Data::F32(weights.ok_or_else(unbound)?.to_vec()),
+            (Role::RouteWeights, _) => Data::F32(host("weights")?.to_f32()),
             (Role::DenseRoutes, _) => {
                 // [E, T, lanes]: each (expert, token) weight fills one stick; repeated routes add.
-                let w = weights.ok_or_else(unbound)?;
+                let w = host("weights")?.to_f32();
                 let lanes = t.shape[2];
                 let mut v = vec![0f32; len];
                 for (slot, &e) in idx.iter().enumerate() {
@@ -144,13 +139,12 @@ fn bind<W: Elem>(
                 }
                 Data::F32(v)
             }
-            (Role::Input, "x") => fill(x.ok_or_else(unbound)?.iter().map(|v| v.to_f32()).collect()),
-            (Role::Input, "act") => fill(act.ok_or_else(unbound)?.to_vec()),
+            (Role::Input, name) => fill(host(name)?.to_f32()),
             // host [E, 2F, H] (gate rows first) -> device [E, H, F], F on the stick
-            (Role::Bank, "gate") => bank(gate_up.ok_or_else(unbound)?, 2 * s.f, 0, s.f, s.h, len),
-            (Role::Bank, "up") => bank(gate_up.ok_or_else(unbound)?, 2 * s.f, s.f, s.f, s.h, len),
+            (Role::Bank, "gate") => bank(bank_of("gate_up")?, 2 * s.f, 0, s.f, s.h, len),
+            (Role::Bank, "up") => bank(bank_of("gate_up")?, 2 * s.f, s.f, s.f, s.h, len),
             // host [E, H, F] -> device [E, F, H], H on the stick
-            (Role::Bank, "down") => bank(down.ok_or_else(unbound)?, s.h, 0, s.h, s.f, len),
+            (Role::Bank, "down") => bank(bank_of("down")?, s.h, 0, s.h, s.f, len),
             (Role::Output | Role::Scratch, _) => {
                 if t.elem_bytes == 2 {
                     half(len)

@@ -7,12 +7,15 @@
 //! fails. Full-size specs check a random sample of output rows against the reference (the f64
 //! reference of a 26B-A4B layer is minutes of work); every element is still checked for NaN.
 
+pub use crate::backend::Modeled;
+use crate::backend::{self, Ran};
 use crate::elem::Elem;
 use crate::inputs::{Inputs, output_len};
 use crate::registry::KernelEntry;
 use half::{bf16, f16};
 use moek_ir::reference::{self, Shape};
-use moek_ir::tolerance::{Deviation, Tolerance, tolerance, tolerance_dl16};
+use moek_ir::tensors::{TensorDef, TensorRole};
+use moek_ir::tolerance::{Deviation, Tolerance};
 use moek_ir::{Activation, DType, DimName, Kernel, Op, Target};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -323,33 +326,7 @@ fn run_case<W: Elem>(
                 .validate(shape, out.len())
                 .expect("the harness builds well-formed inputs");
             let start = Instant::now();
-            let (argmax, modeled) = match target {
-                Target::Cpu => {
-                    let f = W::cpu_fn(&entry.cpu).unwrap_or_else(|| {
-                        panic!(
-                            "`{}` has no CPU variant for {} in this build",
-                            k.name,
-                            W::DTYPE
-                        )
-                    });
-                    (f(shape, &inputs, &mut out), None)
-                }
-                #[cfg(feature = "spyre")]
-                Target::Spyre => {
-                    let run =
-                        crate::spyre::run(k, shape, &inputs, &mut out, moek_spyre::Mode::Dl16)
-                            .map_err(|e| format!("`{}` on spyre: {e}", k.name))?;
-                    (None, Some(Modeled::of(&run.cost)))
-                }
-                #[cfg(feature = "wgpu")]
-                Target::Wgpu => {
-                    let argmax = crate::wgpu::run(k, shape, &inputs, &mut out)
-                        .map_err(|e| format!("`{}` on wgpu: {e}", k.name))?;
-                    (argmax, None)
-                }
-                #[allow(unreachable_patterns)]
-                other => panic!("the {other} backend is not part of this build"),
-            };
+            let Ran { argmax, modeled } = backend::run(target, entry, shape, &inputs, &mut out)?;
             let seconds = start.elapsed().as_secs_f64();
             let (deviation, argmax_ok) = case.compare(k.activation, &out, argmax, seed);
             // A GPU variant is also held to the CPU variant of the same spec, element by element,
@@ -372,10 +349,7 @@ fn run_case<W: Elem>(
                 shape: crate::inputs::describe(k.op, shape),
                 seed,
                 deviation,
-                tolerance: match target {
-                    Target::Spyre => tolerance_dl16(W::DTYPE),
-                    _ => tolerance(W::DTYPE),
-                },
+                tolerance: backend::tolerance_of(target, W::DTYPE),
                 seconds,
                 bytes,
                 flops,
@@ -385,36 +359,6 @@ fn run_case<W: Elem>(
             })
         })
         .collect()
-}
-
-/// The Spyre cost model's figures for one run.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Modeled {
-    pub seconds: f64,
-    /// What bounds the slowest phase.
-    pub dominant: String,
-    /// Bytes between device memory and LX, and over the ring.
-    pub dev_bytes: u64,
-    pub ring_bytes: u64,
-    pub lx_peak: usize,
-}
-
-#[cfg(feature = "spyre")]
-impl Modeled {
-    fn of(c: &moek_spyre::Cost) -> Self {
-        let dominant = c
-            .phases
-            .iter()
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-            .map_or(String::new(), |p| p.2.to_string());
-        Modeled {
-            seconds: c.seconds,
-            dominant,
-            dev_bytes: c.dev_bytes,
-            ring_bytes: c.ring_bytes,
-            lx_peak: c.lx_peak,
-        }
-    }
 }
 
 /// Random inputs of one op at one shape. Weights are scaled by 1/sqrt(fan-in) so activations stay
@@ -427,37 +371,27 @@ pub struct Case<W> {
     pub idx: Vec<u32>,
     pub weights: Vec<f32>,
     pub act: Vec<f32>,
-    /// gate_up bank / dense gate / embedding.
-    pub w1: Vec<W>,
-    /// down bank / dense up.
-    pub w2: Vec<W>,
-    /// dense down.
-    pub w3: Vec<W>,
+    /// The op's weight tensors, in the order of its table ([`Op::tensors`]); by name with
+    /// [`Case::param`].
+    pub params: Vec<Vec<W>>,
     pub softcap: f32,
 }
 
 impl<W: Elem> Case<W> {
-    /// Draws weights from `seed` (and activations and routes, see [`Case::reseed`]).
+    /// Draws weights from `seed` (and activations and routes, see [`Case::reseed`]): each of the
+    /// op's weight tensors uniform in +-1/sqrt(its row length), except the LM head's embedding,
+    /// uniform in +-1 so that logits reach the softcap.
     pub fn new(op: Op, s: Shape, seed: u64) -> Self {
-        let (h, f) = (
-            1.0 / (s.h.max(1) as f32).sqrt(),
-            1.0 / (s.f.max(1) as f32).sqrt(),
-        );
-        let (w1, w2, w3) = match op {
-            Op::GateUp => (uniform(s.e * 2 * s.f * s.h, seed ^ 1, h), vec![], vec![]),
-            Op::Down => (vec![], uniform(s.e * s.h * s.f, seed ^ 2, f), vec![]),
-            Op::ExpertFfn => (
-                uniform(s.e * 2 * s.f * s.h, seed ^ 1, h),
-                uniform(s.e * s.h * s.f, seed ^ 2, f),
-                vec![],
-            ),
-            Op::DenseMlp => (
-                uniform(s.f * s.h, seed ^ 3, h),
-                uniform(s.f * s.h, seed ^ 4, h),
-                uniform(s.h * s.f, seed ^ 5, f),
-            ),
-            Op::LmHeadRow => (uniform(s.v * s.h, seed ^ 6, 1.0), vec![], vec![]),
-        };
+        let params = weight_defs(op)
+            .enumerate()
+            .map(|(i, t)| {
+                let scale = match op {
+                    Op::LmHeadRow => 1.0,
+                    _ => 1.0 / (t.row_len(&s).max(1) as f32).sqrt(),
+                };
+                uniform(t.len(&s), seed ^ (0x100 + i as u64), scale)
+            })
+            .collect();
         let mut case = Case {
             op,
             shape: s,
@@ -465,13 +399,21 @@ impl<W: Elem> Case<W> {
             idx: vec![],
             weights: vec![],
             act: vec![],
-            w1,
-            w2,
-            w3,
+            params,
             softcap: 30.0,
         };
         case.reseed(seed);
         case
+    }
+
+    /// The weight tensor `name` of the op's table.
+    pub fn param(&self, name: &str) -> &[W] {
+        &self.params[param_index(self.op, name)]
+    }
+
+    /// The weight tensor `name`, to change (tests of bad inputs) or take (a resident session).
+    pub fn param_mut(&mut self, name: &str) -> &mut Vec<W> {
+        &mut self.params[param_index(self.op, name)]
     }
 
     /// Fresh activations, routes and route weights from `seed`; the weights stay.
@@ -487,34 +429,35 @@ impl<W: Elem> Case<W> {
     }
 
     pub fn inputs(&self) -> Inputs<'_, W> {
+        let p = |name| self.param(name);
         match self.op {
             Op::GateUp => Inputs::GateUp {
                 x: &self.x,
                 idx: &self.idx,
-                gate_up: &self.w1,
+                gate_up: p("gate_up"),
             },
             Op::Down => Inputs::Down {
                 act: &self.act,
                 idx: &self.idx,
                 weights: &self.weights,
-                down: &self.w2,
+                down: p("down"),
             },
             Op::ExpertFfn => Inputs::ExpertFfn {
                 x: &self.x,
                 idx: &self.idx,
                 weights: &self.weights,
-                gate_up: &self.w1,
-                down: &self.w2,
+                gate_up: p("gate_up"),
+                down: p("down"),
             },
             Op::DenseMlp => Inputs::DenseMlp {
                 x: &self.x,
-                gate: &self.w1,
-                up: &self.w2,
-                down: &self.w3,
+                gate: p("gate"),
+                up: p("up"),
+                down: p("down"),
             },
             Op::LmHeadRow => Inputs::LmHeadRow {
                 hidden: &self.x,
-                emb: &self.w1,
+                emb: p("emb"),
                 softcap: self.softcap,
             },
         }
@@ -523,25 +466,25 @@ impl<W: Elem> Case<W> {
     /// The reference for output row `row` (a token; for the LM head, a vocabulary row) of a spec
     /// with activation `act` (cases are shared by every spec of one op and shape).
     pub fn reference_row(&self, act: Activation, row: usize) -> Vec<f64> {
-        let s = &self.shape;
+        let (s, p) = (&self.shape, |name| self.param(name));
         match self.op {
-            Op::GateUp => reference::gate_up(s, act, &self.x, &self.idx, &self.w1, row),
-            Op::Down => reference::down(s, &self.act, &self.idx, &self.weights, &self.w2, row),
+            Op::GateUp => reference::gate_up(s, act, &self.x, &self.idx, p("gate_up"), row),
+            Op::Down => reference::down(s, &self.act, &self.idx, &self.weights, p("down"), row),
             Op::ExpertFfn => reference::expert_ffn(
                 s,
                 act,
                 &self.x,
                 &self.idx,
                 &self.weights,
-                &self.w1,
-                &self.w2,
+                p("gate_up"),
+                p("down"),
                 row,
             ),
             Op::DenseMlp => {
-                reference::dense_mlp(s, act, &self.x, &self.w1, &self.w2, &self.w3, row)
+                reference::dense_mlp(s, act, &self.x, p("gate"), p("up"), p("down"), row)
             }
             Op::LmHeadRow => {
-                reference::lm_head_row(s, &self.x, &self.w1, f64::from(self.softcap), &[row])
+                reference::lm_head_row(s, &self.x, p("emb"), f64::from(self.softcap), &[row])
             }
         }
     }
@@ -613,6 +556,17 @@ impl<W: Elem> Case<W> {
             Op::LmHeadRow => (v * h * b, 2.0 * v * h),
         }
     }
+}
+
+/// The op's weight tensors, in table order.
+fn weight_defs(op: Op) -> impl Iterator<Item = &'static TensorDef> {
+    op.tensors().iter().filter(|t| t.role == TensorRole::Weight)
+}
+
+fn param_index(op: Op, name: &str) -> usize {
+    weight_defs(op)
+        .position(|t| t.name == name)
+        .unwrap_or_else(|| panic!("`{op}` has no weight tensor `{name}`"))
 }
 
 /// `len` values uniform in `[-scale, scale)`, drawn in parallel chunks (deterministic in `seed`).

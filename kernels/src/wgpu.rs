@@ -151,57 +151,10 @@ fn key_of(bytes: &[u8]) -> (usize, usize) {
     (bytes.as_ptr() as usize, bytes.len())
 }
 
-/// The op's tensors by the names the emitter binds, as bytes, and the softcap (0 if none).
+/// The op's tensors by the names the emitter binds (the op table's), as bytes, and the softcap
+/// (0 if none).
 fn host_tensors<'a, W: Elem>(inputs: &Inputs<'a, W>) -> (Vec<(&'static str, &'a [u8])>, f32) {
-    use bytemuck::cast_slice as b;
-    match *inputs {
-        Inputs::GateUp { x, idx, gate_up } => (
-            vec![("x", b(x)), ("idx", b(idx)), ("gate_up", b(gate_up))],
-            0.0,
-        ),
-        Inputs::Down {
-            act,
-            idx,
-            weights,
-            down,
-        } => (
-            vec![
-                ("act", b(act)),
-                ("idx", b(idx)),
-                ("weights", b(weights)),
-                ("down", b(down)),
-            ],
-            0.0,
-        ),
-        Inputs::ExpertFfn {
-            x,
-            idx,
-            weights,
-            gate_up,
-            down,
-        } => (
-            vec![
-                ("x", b(x)),
-                ("idx", b(idx)),
-                ("weights", b(weights)),
-                ("gate_up", b(gate_up)),
-                ("down", b(down)),
-            ],
-            0.0,
-        ),
-        Inputs::DenseMlp { x, gate, up, down } => (
-            vec![
-                ("x", b(x)),
-                ("gate", b(gate)),
-                ("up", b(up)),
-                ("down", b(down)),
-            ],
-            0.0,
-        ),
-        Inputs::LmHeadRow {
-            hidden,
-            emb,
-            softcap,
-        } => (vec![("hidden", b(hidden)), ("emb", b(emb))], softcap),
-    }
+    let names = inputs.op().tensors().iter().map(|t| t.name);
+    let bytes = inputs.bound().into_iter().map(|t| t.bytes());
+    (names.zip(bytes).collect(), inputs.softcap())
 }

@@ -283,7 +283,7 @@ fn bad_inputs_are_typed_errors_naming_the_tensor() {
         v: 0,
     };
     let mut case = Case::<f32>::new(Op::ExpertFfn, shape, 1);
-    case.w2.pop();
+    case.param_mut("down").pop();
     let mut out = vec![f32::NAN; 2 * 64];
     let err = run_on_cpu(&case, &mut out, None).unwrap_err();
     assert_eq!(
@@ -396,8 +396,8 @@ fn a_wgpu_session_uploads_expert_banks_once_for_prefill_and_decode() {
     };
     let prefill = Case::<half::f16>::new(Op::ExpertFfn, s, 11);
     let mut session = Session::new().expect("an adapter (lavapipe in CI)");
-    session.keep(&prefill.w1);
-    session.keep(&prefill.w2);
+    session.keep(prefill.param("gate_up"));
+    session.keep(prefill.param("down"));
     let k = specs::general_expert_ffn_gather::entry().ir().clone();
     let mut out = vec![f32::NAN; s.t * s.h];
     session.run(&k, &s, &prefill.inputs(), &mut out).unwrap();
@@ -415,8 +415,8 @@ fn a_wgpu_session_uploads_expert_banks_once_for_prefill_and_decode() {
         x: &x,
         idx,
         weights,
-        gate_up: &prefill.w1,
-        down: &prefill.w2,
+        gate_up: prefill.param("gate_up"),
+        down: prefill.param("down"),
     };
     let mut row = vec![f32::NAN; s.h];
     session.run(&k, &one, &inputs, &mut row).unwrap();
@@ -427,8 +427,8 @@ fn a_wgpu_session_uploads_expert_banks_once_for_prefill_and_decode() {
         &x,
         idx,
         weights,
-        &prefill.w1,
-        &prefill.w2,
+        prefill.param("gate_up"),
+        prefill.param("down"),
         0,
     );
     let dev = moek_ir::tolerance::Deviation::measure(&row, &want);
@@ -436,4 +436,30 @@ fn a_wgpu_session_uploads_expert_banks_once_for_prefill_and_decode() {
         dev.within(moek_ir::tolerance::tolerance(DType::F16)),
         "{dev}"
     );
+}
+
+/// Every op's bound inputs follow its table entry: one slice per tensor, in table order, of the
+/// table's element class and length, so checks and binders derived from the table see the
+/// tensors the variants read.
+#[test]
+fn bound_inputs_follow_the_op_table() {
+    use moek_kernels::inputs::Bound;
+    use moek_kernels::ir::tensors::ElemClass;
+    let shape = moek_kernels::testing::SMALL;
+    for &op in Op::ALL {
+        let case = Case::<half::bf16>::new(op, shape, 3);
+        let inputs = case.inputs();
+        let bound = inputs.bound();
+        assert_eq!(bound.len(), op.tensors().len(), "{op}");
+        for (def, t) in op.tensors().iter().zip(&bound) {
+            let class = match t {
+                Bound::Act(_) => ElemClass::Activation,
+                Bound::Weight(_) => ElemClass::Weight,
+                Bound::F32(_) => ElemClass::F32,
+                Bound::Index(_) => ElemClass::Index,
+            };
+            assert_eq!(class, def.class, "{op}: `{}`", def.name);
+            assert_eq!(t.len(), def.len(&shape), "{op}: `{}`", def.name);
+        }
+    }
 }

@@ -1,0 +1,257 @@
+//! The backends as dispatch and the test harness both see them: one [`Runtime`] per target (its
+//! name, whether this build has it, its capabilities, the tolerance its results are held to, and
+//! how it binds inputs and runs a variant), and [`run`], the one place a target picks its runtime.
+
+use crate::elem::Elem;
+use crate::inputs::Inputs;
+use crate::registry::KernelEntry;
+use moek_ir::reference::Shape;
+use moek_ir::tolerance::{Tolerance, tolerance, tolerance_dl16};
+use moek_ir::{Capability, DType, Target};
+
+/// What a run gave besides its output.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Ran {
+    /// The LM head's argmax, where the backend computes it.
+    pub argmax: Option<u32>,
+    /// The cost model's figures, for a simulated backend.
+    pub modeled: Option<Modeled>,
+}
+
+/// The Spyre cost model's figures for one run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Modeled {
+    pub seconds: f64,
+    /// What bounds the slowest phase.
+    pub dominant: String,
+    /// Bytes between device memory and LX, and over the ring.
+    pub dev_bytes: u64,
+    pub ring_bytes: u64,
+    pub lx_peak: usize,
+}
+
+#[cfg(feature = "spyre")]
+impl Modeled {
+    #[cfg_attr(not(feature = "spyre"), allow(dead_code))]
+    fn of(c: &moek_spyre::Cost) -> Self {
+        let dominant = c
+            .phases
+            .iter()
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map_or(String::new(), |p| p.2.to_string());
+        Modeled {
+            seconds: c.seconds,
+            dominant,
+            dev_bytes: c.dev_bytes,
+            ring_bytes: c.ring_bytes,
+            lx_peak: c.lx_peak,
+        }
+    }
+}
+
+/// One backend runtime.
+pub trait Runtime {
+    const TARGET: Target;
+    /// Whether this build has the backend (its cargo feature).
+    fn compiled() -> bool;
+    /// What it provides; a spec's `requires` is checked against this.
+    fn capabilities() -> Vec<Capability>;
+    /// The tolerance its results are held to against the f64 reference.
+    fn tolerance(dtype: DType) -> Tolerance {
+        tolerance(dtype)
+    }
+    /// Binds `inputs` and runs `entry`'s variant, writing `out`. Shapes and inputs were checked.
+    fn run<W: Elem>(
+        entry: &KernelEntry,
+        shape: &Shape,
+        inputs: &Inputs<'_, W>,
+        out: &mut [f32],
+    ) -> Result<Ran, String>;
+}
+
+/// The CPU: the generated Rust function of the variant's dtype.
+#[derive(Debug)]
+pub struct Cpu;
+
+impl Runtime for Cpu {
+    const TARGET: Target = Target::Cpu;
+
+    fn compiled() -> bool {
+        cfg!(feature = "cpu")
+    }
+
+    /// The CPU reads expert banks in place by route (the checkpoint layout is its
+    /// indexed-selection layout, and no read copies the selected weights). It has no LX
+    /// scratchpad, so it lacks `lx_completed_sum`: the persistent Spyre-shaped prefill is tested
+    /// on the CPU but not dispatched there (the grouped prefill is the CPU's algorithm).
+    fn capabilities() -> Vec<Capability> {
+        vec![
+            Capability::IndexedSelectionLayout,
+            Capability::ReadCopyElision,
+        ]
+    }
+
+    fn run<W: Elem>(
+        entry: &KernelEntry,
+        shape: &Shape,
+        inputs: &Inputs<'_, W>,
+        out: &mut [f32],
+    ) -> Result<Ran, String> {
+        let f = W::cpu_fn(&entry.cpu).ok_or_else(|| {
+            format!(
+                "`{}` has no CPU variant for {} in this build",
+                entry.name(),
+                W::DTYPE
+            )
+        })?;
+        Ok(Ran {
+            argmax: f(shape, inputs, out),
+            modeled: None,
+        })
+    }
+}
+
+/// The Spyre simulator, in DL16.
+#[derive(Debug)]
+pub struct Spyre;
+
+impl Runtime for Spyre {
+    const TARGET: Target = Target::Spyre;
+
+    fn compiled() -> bool {
+        cfg!(feature = "spyre")
+    }
+
+    /// Programs read expert banks by route in their stick layouts, complete split sums over the
+    /// ring in LX, and read selected weights without copying them first.
+    fn capabilities() -> Vec<Capability> {
+        vec![
+            Capability::IndexedSelectionLayout,
+            Capability::LxCompletedSum,
+            Capability::ReadCopyElision,
+        ]
+    }
+
+    fn tolerance(dtype: DType) -> Tolerance {
+        tolerance_dl16(dtype)
+    }
+
+    #[allow(unused_variables)]
+    fn run<W: Elem>(
+        entry: &KernelEntry,
+        shape: &Shape,
+        inputs: &Inputs<'_, W>,
+        out: &mut [f32],
+    ) -> Result<Ran, String> {
+        #[cfg(feature = "spyre")]
+        {
+            let k = entry.ir();
+            let run = crate::spyre::run(k, shape, inputs, out, moek_spyre::Mode::Dl16)
+                .map_err(|e| format!("`{}` on spyre: {e}", k.name))?;
+            Ok(Ran {
+                argmax: None,
+                modeled: Some(Modeled::of(&run.cost)),
+            })
+        }
+        #[cfg(not(feature = "spyre"))]
+        Err(not_compiled(Target::Spyre))
+    }
+}
+
+/// wgpu on the shared adapter.
+#[derive(Debug)]
+pub struct Wgpu;
+
+impl Runtime for Wgpu {
+    const TARGET: Target = Target::Wgpu;
+
+    fn compiled() -> bool {
+        cfg!(feature = "wgpu")
+    }
+
+    /// Banks are bound in the checkpoint layout and read by route in place, without a copy. A
+    /// GPU has no LX scratchpad (no `lx_completed_sum`). `shader_f16` only where the shared
+    /// device reads f16 natively (see `moek_wgpu::F16Mode`).
+    fn capabilities() -> Vec<Capability> {
+        #[cfg(feature = "wgpu")]
+        let f16 = crate::wgpu::Gpu::shared().is_ok_and(|g| g.f16 == moek_wgpu::F16Mode::Native);
+        #[cfg(not(feature = "wgpu"))]
+        let f16 = false;
+        let mut capabilities = vec![
+            Capability::IndexedSelectionLayout,
+            Capability::ReadCopyElision,
+        ];
+        if f16 {
+            capabilities.push(Capability::ShaderF16);
+        }
+        capabilities
+    }
+
+    #[allow(unused_variables)]
+    fn run<W: Elem>(
+        entry: &KernelEntry,
+        shape: &Shape,
+        inputs: &Inputs<'_, W>,
+        out: &mut [f32],
+    ) -> Result<Ran, String> {
+        #[cfg(feature = "wgpu")]
+        {
+            let k = entry.ir();
+            let argmax = crate::wgpu::run(k, shape, inputs, out)
+                .map_err(|e| format!("`{}` on wgpu: {e}", k.name))?;
+            Ok(Ran {
+                argmax,
+                modeled: None,
+            })
+        }
+        #[cfg(not(feature = "wgpu"))]
+        Err(not_compiled(Target::Wgpu))
+    }
+}
+
+#[cfg_attr(all(feature = "spyre", feature = "wgpu"), allow(dead_code))]
+fn not_compiled(target: Target) -> String {
+    format!("the {target} backend is not part of this build (cargo feature `{target}`)")
+}
+
+/// Runs `entry`'s variant on `target`'s runtime.
+pub fn run<W: Elem>(
+    target: Target,
+    entry: &KernelEntry,
+    shape: &Shape,
+    inputs: &Inputs<'_, W>,
+    out: &mut [f32],
+) -> Result<Ran, String> {
+    match target {
+        Target::Cpu => Cpu::run(entry, shape, inputs, out),
+        Target::Spyre => Spyre::run(entry, shape, inputs, out),
+        Target::Wgpu => Wgpu::run(entry, shape, inputs, out),
+    }
+}
+
+/// Whether this build has `target` ([`Runtime::compiled`]).
+pub fn compiled(target: Target) -> bool {
+    match target {
+        Target::Cpu => Cpu::compiled(),
+        Target::Spyre => Spyre::compiled(),
+        Target::Wgpu => Wgpu::compiled(),
+    }
+}
+
+/// What `target` provides ([`Runtime::capabilities`]).
+pub fn capabilities(target: Target) -> Vec<Capability> {
+    match target {
+        Target::Cpu => Cpu::capabilities(),
+        Target::Spyre => Spyre::capabilities(),
+        Target::Wgpu => Wgpu::capabilities(),
+    }
+}
+
+/// The tolerance `target`'s results are held to ([`Runtime::tolerance`]).
+pub fn tolerance_of(target: Target, dtype: DType) -> Tolerance {
+    match target {
+        Target::Cpu => Cpu::tolerance(dtype),
+        Target::Spyre => Spyre::tolerance(dtype),
+        Target::Wgpu => Wgpu::tolerance(dtype),
+    }
+}
