@@ -4,7 +4,7 @@
 use moek_dsl::{check, parse, spyre::lower};
 use moek_ir::DType;
 use moek_ir::spyre::*;
-use moek_spyre::{Data, Device, Mode, SimError, ValidationError, simulate, validate};
+use moek_spyre::{Data, Device, Invalid, Mode, SimError, ValidationError, simulate, validate};
 use quote::quote;
 
 fn base() -> Program {
@@ -45,10 +45,11 @@ fn more_than_32_cores() {
     p.phases[0].core_slice = (0..33).map(|c| vec![c]).collect();
     assert_eq!(
         refused(&p),
-        ValidationError::TooManyCores {
+        ValidationError {
             phase: "gate_up".into(),
-            cores: 33,
-            max: 32
+            op: None,
+            core: None,
+            kind: Invalid::TooManyCores { cores: 33, max: 32 }
         }
     );
 }
@@ -58,9 +59,8 @@ fn slices_that_do_not_cover_the_work() {
     let mut p = base();
     p.phases[0].core_slice.pop();
     assert_eq!(
-        refused(&p),
-        ValidationError::SliceCount {
-            phase: "gate_up".into(),
+        refused(&p).kind,
+        Invalid::SliceCount {
             expected: 4,
             got: 3
         }
@@ -71,24 +71,18 @@ fn slices_that_do_not_cover_the_work() {
 fn two_cores_on_one_slice() {
     let mut p = base();
     p.phases[0].core_slice[1] = p.phases[0].core_slice[0].clone();
-    assert_eq!(
-        refused(&p),
-        ValidationError::SlicesOverlap {
-            phase: "gate_up".into(),
-            a: 0,
-            b: 1
-        }
-    );
+    assert_eq!(refused(&p).kind, Invalid::SlicesOverlap { a: 0, b: 1 });
 }
 
 #[test]
 fn a_slice_beyond_its_dim() {
     let mut p = base();
     p.phases[0].core_slice[3] = vec![1, 2];
+    let err = refused(&p);
+    assert_eq!(err.core, Some(3));
     assert!(matches!(
-        refused(&p),
-        ValidationError::SliceOutOfRange {
-            core: 3,
+        err.kind,
+        Invalid::SliceOutOfRange {
             coord: 2,
             parts: 2,
             ..
@@ -100,7 +94,7 @@ fn a_slice_beyond_its_dim() {
 fn a_buffer_off_the_128_byte_grid() {
     let mut p = base();
     p.phases[0].buffers[1].addr += 64;
-    assert!(matches!(refused(&p), ValidationError::Misaligned { addr, .. } if addr % 128 == 64));
+    assert!(matches!(refused(&p).kind, Invalid::Misaligned { addr, .. } if addr % 128 == 64));
 }
 
 #[test]
@@ -108,8 +102,8 @@ fn a_plan_over_the_lx_budget() {
     let mut p = base();
     p.lx_budget = 1024;
     assert!(matches!(
-        refused(&p),
-        ValidationError::OverBudget { budget: 1024, .. }
+        refused(&p).kind,
+        Invalid::OverBudget { budget: 1024, .. }
     ));
 }
 
@@ -118,7 +112,7 @@ fn live_buffers_that_overlap() {
     let mut p = base();
     let addr = p.phases[0].buffers[0].addr;
     p.phases[0].buffers[1].addr = addr;
-    assert!(matches!(refused(&p), ValidationError::Overlap { .. }));
+    assert!(matches!(refused(&p).kind, Invalid::Overlap { .. }));
 }
 
 #[test]
@@ -134,10 +128,9 @@ fn a_buffer_used_outside_its_live_range() {
         .find(|b| b.name == name)
         .unwrap();
     b.live = (1, 5);
-    assert!(matches!(
-        refused(&p),
-        ValidationError::NotLive { op: 0, from: 1, .. }
-    ));
+    let err = refused(&p);
+    assert_eq!(err.op, Some(0));
+    assert!(matches!(err.kind, Invalid::NotLive { from: 1, .. }));
 }
 
 #[test]
@@ -147,8 +140,8 @@ fn a_dma_that_is_not_whole_sticks() {
         region.extent[1] = 32;
     }
     assert!(matches!(
-        refused(&p),
-        ValidationError::NotWholeSticks {
+        refused(&p).kind,
+        Invalid::NotWholeSticks {
             extent: 32,
             stick: 64,
             ..
@@ -162,10 +155,11 @@ fn a_dma_out_of_bounds_on_one_core() {
     if let Op::DmaIn { region, .. } = op_mut(&mut p, 0, |o| matches!(o, Op::DmaIn { .. })) {
         region.start[1] = region.start[1].clone().plus("H", 64);
     }
+    let err = refused(&p);
+    assert_eq!(err.core, Some(1));
     assert!(matches!(
-        refused(&p),
-        ValidationError::OutOfBounds {
-            core: 1,
+        err.kind,
+        Invalid::OutOfBounds {
             end: 192,
             size: 128,
             ..
@@ -181,7 +175,7 @@ fn an_indexed_load_of_a_tensor_that_is_not_a_bank() {
     {
         region.tensor = "act".into();
     }
-    assert!(matches!(refused(&p), ValidationError::NotABank { .. }));
+    assert!(matches!(refused(&p).kind, Invalid::NotABank { .. }));
 }
 
 #[test]
@@ -193,8 +187,8 @@ fn a_route_slot_beyond_the_routes() {
         route.slot.constant += 7;
     }
     assert!(matches!(
-        refused(&p),
-        ValidationError::RouteSlot { slots: 2, .. }
+        refused(&p).kind,
+        Invalid::RouteSlot { slots: 2, .. }
     ));
 }
 
@@ -243,7 +237,7 @@ fn a_view_wider_than_256_mb() {
     };
     validate(&program(1)).expect("one row is a 128-byte view");
     assert!(
-        matches!(refused(&program(2)), ValidationError::Span { bytes, limit: 268_435_456, .. } if bytes > 256 << 20)
+        matches!(refused(&program(2)).kind, Invalid::Span { bytes, limit: 268_435_456, .. } if bytes > 256 << 20)
     );
 }
 
@@ -253,7 +247,7 @@ fn a_matmul_operand_too_small() {
     if let Op::Matmul { k, .. } = op_mut(&mut p, 0, |o| matches!(o, Op::Matmul { .. })) {
         *k *= 4;
     }
-    assert!(matches!(refused(&p), ValidationError::Operand { .. }));
+    assert!(matches!(refused(&p).kind, Invalid::Operand { .. }));
 }
 
 #[test]
@@ -262,7 +256,7 @@ fn a_ring_reduction_over_a_dim_not_split() {
     if let Op::RingReduce { dim, .. } = op_mut(&mut p, 0, |o| matches!(o, Op::RingReduce { .. })) {
         *dim = "T".into();
     }
-    assert!(matches!(refused(&p), ValidationError::NotSplit { .. }));
+    assert!(matches!(refused(&p).kind, Invalid::NotSplit { .. }));
 }
 
 #[test]
@@ -284,7 +278,7 @@ fn a_loop_that_breaks_the_persistent_contract() {
     }];
     let err = refused(&p);
     assert!(
-        matches!(&err, ValidationError::Loop { why, .. } if why.contains("exactly four")),
+        matches!(&err.kind, Invalid::Loop { why } if why.contains("exactly four")),
         "{err}"
     );
 }

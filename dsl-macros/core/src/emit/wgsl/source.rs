@@ -1,0 +1,55 @@
+//! The fixed WGSL every program carries: the params block, the activation, the softcap, workgroup sums.
+
+use moek_ir::Activation;
+
+/// A workgroup tree sum `NAME(v, lid)` of `ty` over workgroup buffer `buf`; every thread gets the
+/// total.
+pub(super) fn workgroup_sum(name: &str, buf: &str, ty: &str) -> String {
+    format!(
+        "var<workgroup> {buf}: array<{ty}, WG>;\n\n\
+         fn {name}(v: {ty}, lid: u32) -> {ty} {{\n    \
+         {buf}[lid] = v;\n    \
+         workgroupBarrier();\n    \
+         for (var s = WG / 2u; s > 0u; s >>= 1u) {{\n        \
+         if (lid < s) {{ {buf}[lid] += {buf}[lid + s]; }}\n        \
+         workgroupBarrier();\n    \
+         }}\n    \
+         let total = {buf}[0];\n    \
+         workgroupBarrier();\n    \
+         return total;\n\
+         }}\n\n"
+    )
+}
+
+/// Shared by every program: the params block and the token tile.
+pub(super) const PARAMS: &str = "struct Params { trip: u32, softcap: f32, pad0: u32, pad1: u32 }
+
+var<private> tok: array<u32, TILE>;
+
+";
+
+/// The activation's WGSL function, named as in specs.
+pub(super) fn activation(act: Activation) -> &'static str {
+    match act {
+        Activation::GeluTanh => "// tanh's argument is clamped: some drivers' tanh overflows to NaN for large inputs, and
+// tanh(15) is 1 in f32.
+fn gelu_tanh(x: f32) -> f32 {
+    let u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
+    return 0.5 * x * (1.0 + tanh(clamp(u, -15.0, 15.0)));
+}
+
+",
+        // exp(-x) overflows to inf below -88, where x / inf is -0, the limit.
+        Activation::Silu => "fn silu(x: f32) -> f32 {
+    return x / (1.0 + exp(-x));
+}
+
+",
+    }
+}
+
+pub(super) const SOFTCAP: &str = "fn softcap(x: f32, cap: f32) -> f32 {
+    return cap * tanh(clamp(x / cap, -15.0, 15.0));
+}
+
+";

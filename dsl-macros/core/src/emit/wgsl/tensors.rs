@@ -1,0 +1,240 @@
+//! Tensors: planned in whole-row chunks under the binding limit, declared, and read through one loader per chunk.
+
+use super::{Emitter, Store, WgslError};
+use moek_ir::DType;
+use moek_ir::plan::{Role, TensorPlan};
+use moek_ir::tensors::{ElemClass, TensorRole};
+use std::fmt::Write;
+
+impl Emitter<'_> {
+    /// The op's own tensors, from its table: weights chunked along their rows, activations and
+    /// route tensors bound whole (route tensors read one element at a time).
+    pub(super) fn op_tensors(&mut self) -> Result<(), WgslError> {
+        for t in self.k.op.tensors() {
+            let role = match t.role {
+                TensorRole::Weight => Role::Weight,
+                TensorRole::Input | TensorRole::Route => Role::Input,
+            };
+            let store = match t.class {
+                ElemClass::Activation | ElemClass::Weight => Store::Dtype,
+                ElemClass::F32 => Store::F32,
+                ElemClass::Index => Store::U32,
+            };
+            let row = match t.role {
+                TensorRole::Route => 1,
+                _ => t.row_len(&self.s),
+            };
+            self.tensor(t.name, role, t.len(&self.s), store, row)?;
+        }
+        Ok(())
+    }
+
+    /// Plans `name` in whole rows per chunk under the binding limit, and emits its bindings and
+    /// element loader `ld_NAME(i)` (global element index).
+    pub(super) fn tensor(
+        &mut self,
+        name: &str,
+        role: Role,
+        elems: usize,
+        store: Store,
+        row_len: usize,
+    ) -> Result<(), WgslError> {
+        let elem_bytes = match store {
+            Store::Dtype => self.dtype.bytes(),
+            Store::F32 | Store::U32 => 4,
+        };
+        if elems >= u32::MAX as usize {
+            return Err(WgslError::TooLarge {
+                what: format!("tensor `{name}`"),
+                n: elems,
+            });
+        }
+        let row_len = row_len.max(1);
+        let rows = elems.div_ceil(row_len).max(1);
+        let row_bytes = (row_len * elem_bytes) as u64;
+        // Words must not straddle chunks: 16-bit chunks hold an even number of elements.
+        let step = if elem_bytes == 2 && row_len % 2 == 1 {
+            2
+        } else {
+            1
+        };
+        let fit = (self.dev.binding_limit / row_bytes) as usize / step * step;
+        if fit == 0 {
+            return Err(WgslError::RowTooLarge {
+                tensor: name.to_string(),
+                bytes: row_bytes * step as u64,
+                limit: self.dev.binding_limit,
+            });
+        }
+        let chunk_rows = fit.min(rows);
+        let chunks = rows.div_ceil(chunk_rows);
+        // Only weights are read through chunk switches; the rest are bound whole.
+        if chunks > 1 && role != Role::Weight {
+            return Err(WgslError::Whole {
+                tensor: name.to_string(),
+                bytes: (elems * elem_bytes) as u64,
+                limit: self.dev.binding_limit,
+            });
+        }
+        let plan = TensorPlan {
+            name: name.to_string(),
+            role,
+            elems,
+            elem_bytes,
+            integer: store == Store::U32,
+            row_len,
+            chunk_rows,
+            chunks,
+        };
+        self.tensors.push(plan);
+        Ok(())
+    }
+
+    pub(super) fn plan(&self, name: &str) -> &TensorPlan {
+        self.tensors
+            .iter()
+            .find(|t| t.name == name)
+            .expect("planned before use")
+    }
+
+    /// `var<...> NAME_c: array<...>;` per chunk and the loaders.
+    pub(super) fn declarations(&self) -> String {
+        let mut out = String::new();
+        let mut binding = 0;
+        for t in &self.tensors {
+            let elem = self.storage_elem(t);
+            let access = match t.role {
+                Role::Params => "uniform",
+                Role::Input | Role::Weight => "storage, read",
+                Role::Scratch | Role::Output | Role::Indirect => "storage, read_write",
+            };
+            for c in 0..t.chunks {
+                let var = chunk_var(t, c);
+                let ty = if t.role == Role::Params {
+                    "Params".to_string()
+                } else {
+                    format!("array<{elem}>")
+                };
+                let _ = writeln!(
+                    out,
+                    "@group(0) @binding({binding}) var<{access}> {var}: {ty};"
+                );
+                binding += 1;
+            }
+        }
+        out
+    }
+
+    /// The WGSL element type a tensor is declared with.
+    pub(super) fn storage_elem(&self, t: &TensorPlan) -> &'static str {
+        match t.elem_bytes {
+            2 if self.native_f16() => "f16",
+            2 => "u32",
+            _ if t.integer => "u32",
+            _ => "f32",
+        }
+    }
+
+    /// `ld_NAME_c(i) -> f32` for chunk-local element `i`.
+    pub(super) fn loaders(&self) -> String {
+        let mut out = String::new();
+        for t in &self.tensors {
+            if matches!(t.role, Role::Params | Role::Indirect) || t.integer {
+                continue;
+            }
+            for c in 0..t.chunks {
+                let var = chunk_var(t, c);
+                let body = match (t.elem_bytes, self.storage_elem(t)) {
+                    (2, "f16") => format!("return f32({var}[i]);"),
+                    (2, _) if self.dtype == DType::Bf16 => format!(
+                        "let w = {var}[i >> 1u];\n    \
+                         return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (i & 1u) == 1u));"
+                    ),
+                    (2, _) => format!("return unpack2x16float({var}[i >> 1u])[i & 1u];"),
+                    _ => format!("return {var}[i];"),
+                };
+                let _ = writeln!(out, "fn ld_{var}(i: u32) -> f32 {{\n    {body}\n}}");
+                // Elements i and i + 1, i even: one 32-bit load for 16-bit storage.
+                let pair = match (t.elem_bytes, self.storage_elem(t)) {
+                    (2, "f16") => format!("return vec2<f32>(f32({var}[i]), f32({var}[i + 1u]));"),
+                    (2, _) if self.dtype == DType::Bf16 => format!(
+                        "let w = {var}[i >> 1u];\n    \
+                         return vec2<f32>(bitcast<f32>(w << 16u), bitcast<f32>(w & 0xffff0000u));"
+                    ),
+                    (2, _) => format!("return unpack2x16float({var}[i >> 1u]);"),
+                    _ => format!("return vec2<f32>({var}[i], {var}[i + 1u]);"),
+                };
+                let _ = writeln!(out, "fn ld2_{var}(i: u32) -> vec2<f32> {{\n    {pair}\n}}");
+            }
+        }
+        out
+    }
+}
+
+/// The loaders of one chunk of a tensor: `ld_VAR(i)` one element, `ld2_VAR(i)` a pair.
+pub(super) struct ChunkLoad(String);
+
+impl ChunkLoad {
+    pub(super) fn ld(&self) -> String {
+        format!("ld_{}", self.0)
+    }
+
+    pub(super) fn ld2(&self) -> String {
+        format!("ld2_{}", self.0)
+    }
+}
+
+/// `NAME_c(row, params..)` per chunk of `w`, with the body `body(that chunk's loaders)`, and
+/// `NAME(row, params..)`, which picks the chunk holding `row`: rows never straddle chunks, so
+/// inner loops have no switch. `params` are the `(name, type)` pairs after `row`.
+pub(super) fn chunked_fn(
+    name: &str,
+    w: &TensorPlan,
+    ret: &str,
+    params: &[(&str, &str)],
+    body: impl Fn(&ChunkLoad) -> String,
+) -> String {
+    let rest: Vec<&str> = params.iter().map(|p| p.0).collect();
+    let call = |row: &str| [&[row][..], &rest].concat().join(", ");
+    let decl: Vec<String> = params.iter().map(|(n, t)| format!("{n}: {t}")).collect();
+    let decl = [vec!["row: u32".to_string()], decl].concat().join(", ");
+    let mut f = String::new();
+    for c in 0..w.chunks {
+        let ld = ChunkLoad(chunk_var(w, c));
+        let _ = writeln!(f, "fn {name}_{c}({decl}) -> {ret} {{\n{}}}", body(&ld));
+    }
+    let _ = writeln!(f, "fn {name}({decl}) -> {ret} {{");
+    if w.chunks == 1 {
+        let _ = writeln!(f, "    return {name}_0({});\n}}", call("row"));
+    } else {
+        let per = w.chunk_rows;
+        let _ = writeln!(f, "    let r = row % {per}u;\n    switch (row / {per}u) {{");
+        for c in 0..w.chunks {
+            let label = if c + 1 == w.chunks {
+                "default".to_string()
+            } else {
+                format!("case {c}u")
+            };
+            let _ = writeln!(
+                f,
+                "        {label}: {{ return {name}_{c}({}); }}",
+                call("r")
+            );
+        }
+        let _ = writeln!(f, "    }}\n}}");
+    }
+    f
+}
+
+pub(super) fn chunk_var(t: &TensorPlan, c: usize) -> String {
+    if t.role == Role::Params {
+        t.name.clone()
+    } else {
+        format!("{}_{c}", t.name)
+    }
+}
+
+/// The store target of a one-chunk f32 tensor.
+pub(super) fn ld_store(name: &str) -> String {
+    format!("{name}_0")
+}

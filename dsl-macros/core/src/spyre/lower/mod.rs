@@ -1,0 +1,126 @@
+//! Lowering a validated spec to a Spyre [`Program`], at macro time: work division from the core
+//! splits, an LX plan (resident operands, streamed weight tiles, partial sums) that must fit the
+//! budget, DMA in whole sticks, indexed loads of expert banks by route, ring reductions for
+//! reductions split across cores.
+//!
+//! Lowered: gate_up, down and expert_ffn with `select: gather` (the decode variants), and
+//! expert_ffn with `select: dense` in a persistent loop (the prefill). One module each:
+//! [`gather`], [`persistent`], and what both use, [`plan`].
+
+mod gather;
+mod persistent;
+mod plan;
+
+use gather::{down, gate_up};
+use moek_ir::spyre::*;
+use moek_ir::spyre::{LX_BUDGET, STICK_BYTES};
+use moek_ir::{Blocks, DType, Kernel, Op as IrOp, Phase as IrPhase, Selection};
+use persistent::persistent;
+use plan::*;
+
+/// Bytes of a DL16 element and of an f32 element in LX.
+const DL16: usize = 2;
+const F32: usize = 4;
+
+/// Why a spec has no program.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LowerError {
+    /// The lowering of this schedule is not written yet (drop `spyre` from the spec's targets).
+    NotYet(String),
+    /// The schedule cannot run on Spyre (a compile error on the spec).
+    Refused(String),
+}
+
+impl std::fmt::Display for LowerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LowerError::NotYet(m) => write!(
+                f,
+                "the lowering of {m} is not written yet: drop `spyre` from the targets"
+            ),
+            LowerError::Refused(m) => f.write_str(m),
+        }
+    }
+}
+
+/// The program of `k` for `dtype` (the dtype only names the host type: both are DL16 on the device).
+pub fn program(k: &Kernel, dtype: DType) -> Result<Program, LowerError> {
+    let s = Sizes::of(k)?;
+    let mut tensors = vec![];
+    let mut add = |name: &str, role: Role, shape: Vec<usize>, elem_bytes: usize| {
+        let base = tensors
+            .iter()
+            .map(|t: &Tensor| t.base + t.device_bytes() as u64)
+            .max()
+            .unwrap_or(0);
+        let base = base.next_multiple_of(STICK_BYTES as u64);
+        tensors.push(Tensor {
+            name: name.into(),
+            role,
+            shape,
+            elem_bytes,
+            stick_elems: STICK_BYTES / elem_bytes,
+            base,
+        });
+    };
+    let phases = match (k.op, k.schedule.select) {
+        (IrOp::GateUp, _) => {
+            add("x", Role::Input, vec![s.t, s.h], DL16);
+            add("idx", Role::Routes, vec![s.t, s.r], F32);
+            add("gate", Role::Bank, vec![s.e, s.h, s.f], DL16);
+            add("up", Role::Bank, vec![s.e, s.h, s.f], DL16);
+            add("out", Role::Output, vec![s.t, s.r, s.f], F32);
+            vec![gate_up(k, &s, IrPhase::All, "out")?]
+        }
+        (IrOp::Down, _) => {
+            add("act", Role::Input, vec![s.t, s.r, s.f], DL16);
+            add("idx", Role::Routes, vec![s.t, s.r], F32);
+            add("weights", Role::RouteWeights, vec![s.t, s.r], F32);
+            add("down", Role::Bank, vec![s.e, s.f, s.h], DL16);
+            add("out", Role::Output, vec![s.t, s.h], F32);
+            vec![down(k, &s, IrPhase::All, "act")?]
+        }
+        (IrOp::ExpertFfn, Selection::Gather) => {
+            add("x", Role::Input, vec![s.t, s.h], DL16);
+            add("idx", Role::Routes, vec![s.t, s.r], F32);
+            add("weights", Role::RouteWeights, vec![s.t, s.r], F32);
+            add("gate", Role::Bank, vec![s.e, s.h, s.f], DL16);
+            add("up", Role::Bank, vec![s.e, s.h, s.f], DL16);
+            add("down", Role::Bank, vec![s.e, s.f, s.h], DL16);
+            add("act", Role::Scratch, vec![s.t, s.r, s.f], DL16);
+            add("out", Role::Output, vec![s.t, s.h], F32);
+            vec![
+                gate_up(k, &s, IrPhase::GateUp, "act")?,
+                down(k, &s, IrPhase::Down, "act")?,
+            ]
+        }
+        (IrOp::ExpertFfn, Selection::Dense) => {
+            add("x", Role::Input, vec![s.t, s.h], DL16);
+            add(
+                "routes",
+                Role::DenseRoutes,
+                vec![s.e, s.t, STICK_BYTES / F32],
+                F32,
+            );
+            add("gate", Role::Bank, vec![s.e, s.h, s.f], DL16);
+            add("up", Role::Bank, vec![s.e, s.h, s.f], DL16);
+            add("down", Role::Bank, vec![s.e, s.f, s.h], DL16);
+            add("out", Role::Output, vec![s.t, s.h], F32);
+            vec![persistent(k, &s)?]
+        }
+        (op, select) => {
+            return Err(LowerError::NotYet(format!(
+                "`{op}` with `select: {select}`"
+            )));
+        }
+    };
+    let cores_used = phases.iter().map(|p| p.core_slice.len()).max().unwrap_or(0);
+    Ok(Program {
+        kernel: k.name.clone(),
+        dtype: dtype.to_string(),
+        cores_used,
+        lx_budget: LX_BUDGET,
+        tensors,
+        phases,
+    })
+}

@@ -1,0 +1,137 @@
+//! The compile rules of specs that target Spyre, beside its lowering.
+
+use crate::ast::*;
+use crate::check::{Checker, Parsed};
+use crate::spyre;
+use moek_ir::spyre::{CORES, LX_BUDGET, STICK_ELEMS};
+use moek_ir::*;
+
+impl Checker {
+    /// Rules for specs that target Spyre: programs are fixed at macro time, edges fall on sticks,
+    /// resident operands fit LX.
+    pub(crate) fn spyre_rules(&mut self, spec: &Spec, k: &Kernel, p: &Parsed) {
+        for (d, span) in &p.dtypes {
+            if *d == DType::F32 {
+                self.errors.push(
+                    *span,
+                    "Spyre computes in DL16: `f32` cannot target spyre (valid there: f16, bf16)",
+                );
+            }
+        }
+        let free: Vec<String> = k
+            .dims
+            .iter()
+            .filter(|d| d.size.is_none())
+            .map(|d| d.name.to_string())
+            .collect();
+        for decl in p.dims.iter().flatten().filter(|d| d.size.is_none()) {
+            self.errors.push(
+                decl.name.span(),
+                format!("spyre programs are fixed at macro time, but `{}` is free: fix its size or drop `spyre`", decl.name),
+            );
+        }
+        if k.schedule.select == Selection::Grouped {
+            let span = p
+                .select
+                .as_ref()
+                .map_or(spec.name.span(), |s| s.mode.span());
+            self.errors.push(span, "grouped selection has data-dependent group sizes, which spyre programs cannot have: use `gather` or `dense`");
+        }
+        let stick = STICK_ELEMS;
+        for (decl, kind) in p
+            .reduce
+            .iter()
+            .map(|d| (d, "reduction"))
+            .chain(p.columns.iter().map(|d| (d, "column")))
+        {
+            let Some(dim) =
+                DimName::from_name(&decl.dim.to_string()).filter(|d| spyre::is_stick_dim(*d))
+            else {
+                continue;
+            };
+            for lit in decl
+                .sizes
+                .iter()
+                .take(if decl.count.is_some() { 1 } else { usize::MAX })
+            {
+                if let Ok(n) = lit.base10_parse::<usize>()
+                    && n % stick != 0
+                {
+                    self.errors.push(
+                        lit.span(),
+                        format!("{kind} block {n} of `{dim}` is not whole {stick}-element sticks ({} sticks); spyre needs multiples of {stick}", n as f64 / stick as f64),
+                    );
+                }
+            }
+        }
+        for (_, _, decl) in &p.cores {
+            for (ident, lit) in decl.dims.iter().zip(&decl.parts) {
+                let Some(dim) =
+                    DimName::from_name(&ident.to_string()).filter(|d| spyre::is_stick_dim(*d))
+                else {
+                    continue;
+                };
+                let (Some(size), Ok(parts)) = (k.size(dim), lit.base10_parse::<usize>()) else {
+                    continue;
+                };
+                if parts == 0 || size % parts != 0 {
+                    continue; // reported by the divisibility rule
+                }
+                if (size / parts) % stick != 0 {
+                    let valid: Vec<String> = (1..=CORES)
+                        .filter(|d| size % d == 0 && (size / d) % stick == 0)
+                        .map(|d| d.to_string())
+                        .collect();
+                    self.errors.push(
+                        lit.span(),
+                        format!("`{dim}` split {parts} does not cut {size} into whole {stick}-element sticks; valid: {}", valid.join(", ")),
+                    );
+                }
+            }
+        }
+        for s in &p.stream {
+            if let (Some(dim), Ok(n)) = (
+                DimName::from_name(&s.dim.to_string()),
+                s.size.base10_parse::<usize>(),
+            ) && spyre::is_stick_dim(dim)
+                && n % stick != 0
+            {
+                self.errors.push(
+                    s.size.span(),
+                    format!("stream tile {n} of `{dim}` is not whole {stick}-element sticks"),
+                );
+            }
+        }
+        if free.is_empty() && k.schedule.select != Selection::Grouped {
+            for r in spyre::resident(k) {
+                if r.bytes > LX_BUDGET {
+                    self.errors.push(
+                        spec.name.span(),
+                        format!(
+                            "resident operand `{}` needs {} bytes of LX per core; the budget is {} bytes (2 MiB less 20% reserved): split tokens further or use more groups",
+                            r.name, r.bytes, LX_BUDGET
+                        ),
+                    );
+                }
+            }
+            if self.errors.is_empty() {
+                for &dtype in &k.dtypes {
+                    if let Err(why) = spyre::lower::program(k, dtype) {
+                        self.errors.push(
+                            spec.name.span(),
+                            format!("no spyre program for {dtype}: {why}"),
+                        );
+                        break;
+                    }
+                }
+            }
+            let total: usize = spyre::resident(k).iter().map(|r| r.bytes).sum();
+            if total > LX_BUDGET && spyre::resident(k).iter().all(|r| r.bytes <= LX_BUDGET) {
+                self.errors.push(
+                    spec.name.span(),
+                    format!("resident operands need {total} bytes of LX per core together; the budget is {} bytes", LX_BUDGET),
+                );
+            }
+        }
+    }
+}
