@@ -8,7 +8,8 @@ pub mod dl16;
 pub mod matmul;
 pub mod simulate;
 pub mod validate;
+pub mod walk;
 
 pub use cost::{Cost, Term, model};
 pub use simulate::{Counters, Data, Device, Mode, SimError, simulate, transpose};
-pub use validate::{LoadError, ValidationError, load, validate};
+pub use validate::{Invalid, LoadError, ValidationError, load, validate};

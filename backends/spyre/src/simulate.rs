@@ -5,6 +5,7 @@
 
 use crate::dl16;
 use crate::validate::{ValidationError, validate};
+use crate::walk::{Loop, Visit, walk};
 use moek_ir::Activation;
 use moek_ir::spyre::*;
 use rayon::prelude::*;
@@ -175,6 +176,36 @@ pub fn simulate(p: &Program, mode: Mode, dev: &mut Device) -> Result<Vec<PhaseCo
         .collect()
 }
 
+/// The simulator's walk: every trip of a loop runs, its advancing operands moved on per trip.
+struct Exec<'r, 'a> {
+    run: &'r mut Run<'a>,
+    dev: &'r mut Device,
+}
+
+impl<'a> Visit<'a> for Exec<'_, 'a> {
+    type Error = SimError;
+
+    fn leaf(&mut self, op: &'a Op, _: usize) -> Result<(), SimError> {
+        self.run.op(op, self.dev)
+    }
+
+    fn enter(&mut self, lp: &Loop<'a>, _: usize) -> Result<usize, SimError> {
+        Ok(lp.trips)
+    }
+
+    fn trip(&mut self, lp: &Loop<'a>, trip: usize) -> Result<(), SimError> {
+        for a in lp.advancing {
+            self.run.advanced.insert(&a.tensor, trip * a.per_trip);
+        }
+        Ok(())
+    }
+
+    fn leave(&mut self, _: &Loop<'a>) -> Result<(), SimError> {
+        self.run.advanced.clear();
+        Ok(())
+    }
+}
+
 /// One core's LX and counters.
 struct Core<'a> {
     coords: &'a [usize],
@@ -229,37 +260,24 @@ impl<'a> Run<'a> {
     }
 
     fn phase(mut self, dev: &mut Device) -> Result<PhaseCounters, SimError> {
-        self.ops(&self.ph.body, dev)?;
+        let body = &self.ph.body;
+        walk(
+            body,
+            &mut Exec {
+                run: &mut self,
+                dev,
+            },
+        )?;
         Ok(PhaseCounters {
             phase: self.ph.name.clone(),
             cores: self.cores.into_iter().map(|c| c.counters).collect(),
         })
     }
 
-    fn ops(&mut self, ops: &'a [Op], dev: &mut Device) -> Result<(), SimError> {
-        ops.iter().try_for_each(|op| self.op(op, dev))
-    }
-
     fn op(&mut self, op: &'a Op, dev: &mut Device) -> Result<(), SimError> {
         match op {
             Op::RingReduce { buffer, dim, elems } => self.ring(buffer, dim, *elems),
-            Op::Loop {
-                trips,
-                advancing,
-                preheader,
-                body,
-                drain,
-            } => {
-                self.ops(preheader, dev)?;
-                for trip in 0..*trips {
-                    for a in advancing {
-                        self.advanced.insert(&a.tensor, trip * a.per_trip);
-                    }
-                    self.ops(body, dev)?;
-                }
-                self.advanced.clear();
-                self.ops(drain, dev)?;
-            }
+            Op::Loop { .. } => unreachable!("the walk enters loops itself"),
             Op::DmaOut {
                 from,
                 region,

@@ -4,6 +4,7 @@
 //! touched per core per view (per trip for advancing operands), operand sizes, ring reductions
 //! over split dims, and the persistent loop contract.
 
+use crate::walk::{Loop, Visit, walk};
 use moek_ir::spyre::CORES;
 use moek_ir::spyre::*;
 use thiserror::Error;
@@ -11,165 +12,110 @@ use thiserror::Error;
 /// One core addresses at most a 256 MB contiguous span.
 pub const SPAN_LIMIT: usize = 256 << 20;
 
+/// A program the hardware would refuse: where (the phase; the op, by its index in the
+/// flattened op list; the core) and what ([`Invalid`]).
 #[derive(Debug, Error, PartialEq, Eq)]
-pub enum ValidationError {
-    #[error("phase `{phase}` uses {cores} cores; spyre has {max}")]
-    TooManyCores {
-        phase: String,
-        cores: usize,
-        max: usize,
-    },
-    #[error(
-        "phase `{phase}` maps {got} cores to slices, but its slices make {expected} work units"
-    )]
-    SliceCount {
-        phase: String,
-        expected: usize,
-        got: usize,
-    },
-    #[error("phase `{phase}`: core {core} has slice {coord} of `{dim}`, which has {parts} slices")]
+#[error("phase `{phase}`{}{}: {kind}", at("op", op), at("core", core))]
+pub struct ValidationError {
+    pub phase: String,
+    pub op: Option<usize>,
+    pub core: Option<usize>,
+    pub kind: Invalid,
+}
+
+fn at(what: &str, n: &Option<usize>) -> String {
+    n.map_or(String::new(), |n| format!(", {what} {n}"))
+}
+
+/// What is wrong, with the numbers.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum Invalid {
+    #[error("uses {cores} cores; spyre has {max}")]
+    TooManyCores { cores: usize, max: usize },
+    #[error("maps {got} cores to slices, but its slices make {expected} work units")]
+    SliceCount { expected: usize, got: usize },
+    #[error("has slice {coord} of `{dim}`, which has {parts} slices")]
     SliceOutOfRange {
-        phase: String,
-        core: usize,
         dim: String,
         coord: usize,
         parts: usize,
     },
-    #[error("phase `{phase}`: cores {a} and {b} are given the same work slice")]
-    SlicesOverlap { phase: String, a: usize, b: usize },
-    #[error("phase `{phase}`: buffer `{buffer}` at {addr} is not 128-byte aligned")]
-    Misaligned {
-        phase: String,
-        buffer: String,
-        addr: usize,
-    },
-    #[error("phase `{phase}`: buffer `{buffer}` has {bytes} bytes for {elems} elements")]
+    #[error("cores {a} and {b} are given the same work slice")]
+    SlicesOverlap { a: usize, b: usize },
+    #[error("buffer `{buffer}` at {addr} is not 128-byte aligned")]
+    Misaligned { buffer: String, addr: usize },
+    #[error("buffer `{buffer}` has {bytes} bytes for {elems} elements")]
     BufferSize {
-        phase: String,
         buffer: String,
         bytes: usize,
         elems: usize,
     },
-    #[error("phase `{phase}`: LX peak {peak} bytes exceeds the budget of {budget}")]
-    OverBudget {
-        phase: String,
-        peak: usize,
-        budget: usize,
-    },
-    #[error("phase `{phase}`: buffers `{a}` and `{b}` overlap in LX while both are live")]
-    Overlap { phase: String, a: String, b: String },
-    #[error("phase `{phase}`, op {op}: no buffer `{name}`")]
-    UnknownBuffer {
-        phase: String,
-        op: usize,
-        name: String,
-    },
-    #[error("phase `{phase}`, op {op}: no tensor `{name}`")]
-    UnknownTensor {
-        phase: String,
-        op: usize,
-        name: String,
-    },
-    #[error(
-        "phase `{phase}`, op {op}: buffer `{buffer}` is used outside its live range {from}..={to}"
-    )]
+    #[error("LX peak {peak} bytes exceeds the budget of {budget}")]
+    OverBudget { peak: usize, budget: usize },
+    #[error("buffers `{a}` and `{b}` overlap in LX while both are live")]
+    Overlap { a: String, b: String },
+    #[error("no buffer `{name}`")]
+    UnknownBuffer { name: String },
+    #[error("no tensor `{name}`")]
+    UnknownTensor { name: String },
+    #[error("buffer `{buffer}` is used outside its live range {from}..={to}")]
     NotLive {
-        phase: String,
-        op: usize,
         buffer: String,
         from: usize,
         to: usize,
     },
-    #[error(
-        "phase `{phase}`, op {op}: region of `{tensor}` has {got} dims; the tensor has {expected}"
-    )]
+    #[error("region of `{tensor}` has {got} dims; the tensor has {expected}")]
     Rank {
-        phase: String,
-        op: usize,
         tensor: String,
         expected: usize,
         got: usize,
     },
-    #[error(
-        "phase `{phase}`, op {op}, core {core}: `{tensor}` dim {dim} reaches {end}, beyond its size {size}"
-    )]
+    #[error("`{tensor}` dim {dim} reaches {end}, beyond its size {size}")]
     OutOfBounds {
-        phase: String,
-        op: usize,
-        core: usize,
         tensor: String,
         dim: usize,
         end: usize,
         size: usize,
     },
     #[error(
-        "phase `{phase}`, op {op}: `{tensor}` region {start}+{extent} of the stick dim is not whole {stick}-element sticks"
+        "`{tensor}` region {start}+{extent} of the stick dim is not whole {stick}-element sticks"
     )]
     NotWholeSticks {
-        phase: String,
-        op: usize,
         tensor: String,
         start: usize,
         extent: usize,
         stick: usize,
     },
-    #[error(
-        "phase `{phase}`, op {op}: a region of {region} elements does not fit buffer `{buffer}` of {elems}"
-    )]
+    #[error("a region of {region} elements does not fit buffer `{buffer}` of {elems}")]
     RegionSize {
-        phase: String,
-        op: usize,
         buffer: String,
         region: usize,
         elems: usize,
     },
-    #[error(
-        "phase `{phase}`, op {op}: an indexed load must read one expert of a bank (`{tensor}` is {why})"
-    )]
-    NotABank {
-        phase: String,
-        op: usize,
-        tensor: String,
-        why: String,
-    },
-    #[error(
-        "phase `{phase}`, op {op}, core {core}: route slot {slot} is outside `{routes}` ({slots} slots)"
-    )]
+    #[error("an indexed load must read one expert of a bank (`{tensor}` is {why})")]
+    NotABank { tensor: String, why: String },
+    #[error("route slot {slot} is outside `{routes}` ({slots} slots)")]
     RouteSlot {
-        phase: String,
-        op: usize,
-        core: usize,
         routes: String,
         slot: usize,
         slots: usize,
     },
-    #[error(
-        "phase `{phase}`, op {op}, core {core}: one view of `{tensor}` spans {bytes} bytes; a core addresses at most {limit}"
-    )]
+    #[error("one view of `{tensor}` spans {bytes} bytes; a core addresses at most {limit}")]
     Span {
-        phase: String,
-        op: usize,
-        core: usize,
         tensor: String,
         bytes: usize,
         limit: usize,
     },
-    #[error("phase `{phase}`, op {op}: `{buffer}` holds {has} elements, the matmul needs {needs}")]
+    #[error("`{buffer}` holds {has} elements, the matmul needs {needs}")]
     Operand {
-        phase: String,
-        op: usize,
         buffer: String,
         needs: usize,
         has: usize,
     },
-    #[error("phase `{phase}`, op {op}: `{dim}` is not split across this phase's cores")]
-    NotSplit {
-        phase: String,
-        op: usize,
-        dim: String,
-    },
-    #[error("phase `{phase}`: the persistent loop contract is broken: {why}")]
-    Loop { phase: String, why: String },
+    #[error("`{dim}` is not split across this phase's cores")]
+    NotSplit { dim: String },
+    #[error("the persistent loop contract is broken: {why}")]
+    Loop { why: String },
 }
 
 /// Checks `p`; the first problem found is the error.
@@ -198,37 +144,55 @@ struct Checker<'a> {
 type R = Result<(), ValidationError>;
 
 impl Checker<'_> {
-    fn name(&self) -> String {
-        self.phase.name.clone()
+    fn at_phase(&self, kind: Invalid) -> ValidationError {
+        self.error(None, None, kind)
+    }
+
+    fn at_slice(&self, core: usize, kind: Invalid) -> ValidationError {
+        self.error(None, Some(core), kind)
+    }
+
+    fn at_op(&self, kind: Invalid) -> ValidationError {
+        self.error(Some(self.op), None, kind)
+    }
+
+    fn at_core(&self, core: usize, kind: Invalid) -> ValidationError {
+        self.error(Some(self.op), Some(core), kind)
+    }
+
+    fn error(&self, op: Option<usize>, core: Option<usize>, kind: Invalid) -> ValidationError {
+        ValidationError {
+            phase: self.phase.name.clone(),
+            op,
+            core,
+            kind,
+        }
     }
 
     fn phase(&mut self) -> R {
         self.division()?;
         self.plan()?;
         let body = &self.phase.body;
-        self.ops(body)
+        walk(body, self)
     }
 
     fn division(&self) -> R {
         let ph = self.phase;
         let cores = ph.core_slice.len();
         if cores > CORES || self.p.cores_used > CORES {
-            return Err(ValidationError::TooManyCores {
-                phase: self.name(),
-                cores,
-                max: CORES,
-            });
+            return Err(self.at_phase(Invalid::TooManyCores { cores, max: CORES }));
         }
         for (core, coords) in ph.core_slice.iter().enumerate() {
             for ((dim, parts), &coord) in ph.slices.iter().zip(coords) {
                 if coord >= *parts {
-                    return Err(ValidationError::SliceOutOfRange {
-                        phase: self.name(),
+                    return Err(self.at_slice(
                         core,
-                        dim: dim.clone(),
-                        coord,
-                        parts: *parts,
-                    });
+                        Invalid::SliceOutOfRange {
+                            dim: dim.clone(),
+                            coord,
+                            parts: *parts,
+                        },
+                    ));
                 }
             }
         }
@@ -245,21 +209,16 @@ impl Checker<'_> {
                 .collect();
             let expected: usize = index.iter().map(|&i| ph.slices[i].1).product();
             if expected != cores {
-                return Err(ValidationError::SliceCount {
-                    phase: self.name(),
+                return Err(self.at_phase(Invalid::SliceCount {
                     expected,
                     got: cores,
-                });
+                }));
             }
             let mut seen: Vec<Vec<usize>> = Vec::new();
             for (core, coords) in ph.core_slice.iter().enumerate() {
                 let key: Vec<usize> = index.iter().map(|&i| coords[i]).collect();
                 if let Some(a) = seen.iter().position(|c| *c == key) {
-                    return Err(ValidationError::SlicesOverlap {
-                        phase: self.name(),
-                        a,
-                        b: core,
-                    });
+                    return Err(self.at_phase(Invalid::SlicesOverlap { a, b: core }));
                 }
                 seen.push(key);
             }
@@ -272,50 +231,38 @@ impl Checker<'_> {
         let mut peak_at = Vec::new();
         for b in &ph.buffers {
             if b.addr % 128 != 0 {
-                return Err(ValidationError::Misaligned {
-                    phase: self.name(),
+                return Err(self.at_phase(Invalid::Misaligned {
                     buffer: b.name.clone(),
                     addr: b.addr,
-                });
+                }));
             }
             if b.bytes != b.elems * if b.dl16 { 2 } else { 4 } {
-                return Err(ValidationError::BufferSize {
-                    phase: self.name(),
+                return Err(self.at_phase(Invalid::BufferSize {
                     buffer: b.name.clone(),
                     bytes: b.bytes,
                     elems: b.elems,
-                });
+                }));
             }
             peak_at.push(b.addr + b.bytes);
         }
         let peak = peak_at.into_iter().max().unwrap_or(0);
         if peak > self.p.lx_budget {
-            return Err(ValidationError::OverBudget {
-                phase: self.name(),
+            return Err(self.at_phase(Invalid::OverBudget {
                 peak,
                 budget: self.p.lx_budget,
-            });
+            }));
         }
         for (i, a) in ph.buffers.iter().enumerate() {
             for b in &ph.buffers[i + 1..] {
                 let space = a.addr < b.addr + b.bytes && b.addr < a.addr + a.bytes;
                 let time = a.live.0 <= b.live.1 && b.live.0 <= a.live.1;
                 if space && time {
-                    return Err(ValidationError::Overlap {
-                        phase: self.name(),
+                    return Err(self.at_phase(Invalid::Overlap {
                         a: a.name.clone(),
                         b: b.name.clone(),
-                    });
+                    }));
                 }
             }
-        }
-        Ok(())
-    }
-
-    fn ops(&mut self, body: &[Op]) -> R {
-        for op in body {
-            self.one(op)?;
-            self.op += 1;
         }
         Ok(())
     }
@@ -330,10 +277,7 @@ impl Checker<'_> {
                         "the body loads `{}`, which does not advance: stage it in the preheader",
                         region.tensor
                     );
-                    return Err(ValidationError::Loop {
-                        phase: self.name(),
-                        why,
-                    });
+                    return Err(self.at_phase(Invalid::Loop { why }));
                 }
                 self.region(region, to, false)
             }
@@ -351,10 +295,7 @@ impl Checker<'_> {
                         "the body writes `{}` to device memory: drain after the loop",
                         region.tensor
                     );
-                    return Err(ValidationError::Loop {
-                        phase: self.name(),
-                        why,
-                    });
+                    return Err(self.at_phase(Invalid::Loop { why }));
                 }
                 for (dim, _) in owner {
                     self.split(dim)?;
@@ -387,13 +328,7 @@ impl Checker<'_> {
                 self.split(dim)?;
                 self.operand(buffer, *elems)
             }
-            Op::Loop {
-                trips,
-                advancing,
-                preheader,
-                body,
-                drain,
-            } => self.looped(*trips, advancing, preheader, body, drain),
+            Op::Loop { .. } => unreachable!("the walk enters loops itself"),
         }
     }
 
@@ -432,86 +367,23 @@ impl Checker<'_> {
         }
     }
 
-    fn looped(
-        &mut self,
-        trips: usize,
-        advancing: &[Advance],
-        pre: &[Op],
-        body: &[Op],
-        drain: &[Op],
-    ) -> R {
-        if self.in_loop.is_some() {
-            return Err(ValidationError::Loop {
-                phase: self.name(),
-                why: "loops do not nest".into(),
-            });
-        }
-        if advancing.len() != 4 {
-            let why = format!(
-                "{} advancing operands; the contract has exactly four (gate, up, down, routing)",
-                advancing.len()
-            );
-            return Err(ValidationError::Loop {
-                phase: self.name(),
-                why,
-            });
-        }
-        for a in advancing {
-            let t = self.tensor(&a.tensor)?;
-            let first = t.shape.first().copied().unwrap_or(0);
-            if trips * a.per_trip > first {
-                let why = format!(
-                    "`{}` advances {} x {} rows past its {first}",
-                    a.tensor, trips, a.per_trip
-                );
-                return Err(ValidationError::Loop {
-                    phase: self.name(),
-                    why,
-                });
-            }
-        }
-        self.op += 1;
-        self.ops(pre)?;
-        self.in_loop = Some(
-            advancing
-                .iter()
-                .map(|a| (a.tensor.clone(), a.per_trip))
-                .collect(),
-        );
-        self.ops(body)?;
-        self.in_loop = None;
-        self.ops(drain)?;
-        self.op -= 1;
-        Ok(())
-    }
-
     fn tensor(&self, name: &str) -> Result<&Tensor, ValidationError> {
         self.p
             .tensor(name)
-            .ok_or_else(|| ValidationError::UnknownTensor {
-                phase: self.name(),
-                op: self.op,
-                name: name.into(),
-            })
+            .ok_or_else(|| self.at_op(Invalid::UnknownTensor { name: name.into() }))
     }
 
     fn buffer(&self, name: &str) -> Result<&Buffer, ValidationError> {
         let b = self
             .phase
             .buffer(name)
-            .ok_or_else(|| ValidationError::UnknownBuffer {
-                phase: self.name(),
-                op: self.op,
-                name: name.into(),
-            })?;
+            .ok_or_else(|| self.at_op(Invalid::UnknownBuffer { name: name.into() }))?;
         if self.op < b.live.0 || self.op > b.live.1 {
-            return Err(ValidationError::NotLive {
-                phase: self.name(),
-                op: self.op,
+            return Err(self.at_op(Invalid::NotLive {
                 buffer: name.into(),
                 from: b.live.0,
                 to: b.live.1,
-            });
+            }));
         }
         Ok(b)
     }
@@ -519,13 +391,11 @@ impl Checker<'_> {
     fn operand(&self, name: &str, needs: usize) -> R {
         let b = self.buffer(name)?;
         if b.elems < needs {
-            return Err(ValidationError::Operand {
-                phase: self.name(),
-                op: self.op,
+            return Err(self.at_op(Invalid::Operand {
                 buffer: name.into(),
                 needs,
                 has: b.elems,
-            });
+            }));
         }
         Ok(())
     }
@@ -534,11 +404,7 @@ impl Checker<'_> {
         if self.phase.slices.iter().any(|(d, _)| d == dim) {
             Ok(())
         } else {
-            Err(ValidationError::NotSplit {
-                phase: self.name(),
-                op: self.op,
-                dim: dim.into(),
-            })
+            Err(self.at_op(Invalid::NotSplit { dim: dim.into() }))
         }
     }
 
@@ -548,13 +414,11 @@ impl Checker<'_> {
         let b = self.buffer(buffer)?;
         let rank = t.shape.len();
         if region.start.len() != rank || region.extent.len() != rank {
-            return Err(ValidationError::Rank {
-                phase: self.name(),
-                op: self.op,
+            return Err(self.at_op(Invalid::Rank {
                 tensor: t.name.clone(),
                 expected: rank,
                 got: region.start.len(),
-            });
+            }));
         }
         if indexed
             && (t.role != Role::Bank
@@ -566,22 +430,18 @@ impl Checker<'_> {
             } else {
                 "not read one expert at a time".into()
             };
-            return Err(ValidationError::NotABank {
-                phase: self.name(),
-                op: self.op,
+            return Err(self.at_op(Invalid::NotABank {
                 tensor: t.name.clone(),
                 why,
-            });
+            }));
         }
         let elems: usize = region.extent.iter().product();
         if elems > b.elems {
-            return Err(ValidationError::RegionSize {
-                phase: self.name(),
-                op: self.op,
+            return Err(self.at_op(Invalid::RegionSize {
                 buffer: buffer.into(),
                 region: elems,
                 elems: b.elems,
-            });
+            }));
         }
         let last = rank - 1;
         for coords in &self.phase.core_slice {
@@ -610,38 +470,36 @@ impl Checker<'_> {
                     _ => t.shape[d],
                 };
                 if end > size {
-                    return Err(ValidationError::OutOfBounds {
-                        phase: self.name(),
-                        op: self.op,
+                    return Err(self.at_core(
                         core,
-                        tensor: t.name.clone(),
-                        dim: d,
-                        end,
-                        size,
-                    });
+                        Invalid::OutOfBounds {
+                            tensor: t.name.clone(),
+                            dim: d,
+                            end,
+                            size,
+                        },
+                    ));
                 }
             }
             let (s, e) = (start[last], region.extent[last]);
             if s % t.stick_elems != 0 || (e % t.stick_elems != 0 && s + e != t.shape[last]) {
-                return Err(ValidationError::NotWholeSticks {
-                    phase: self.name(),
-                    op: self.op,
+                return Err(self.at_op(Invalid::NotWholeSticks {
                     tensor: t.name.clone(),
                     start: s,
                     extent: e,
                     stick: t.stick_elems,
-                });
+                }));
             }
             let bytes = span(t, &start, &region.extent);
             if bytes > SPAN_LIMIT {
-                return Err(ValidationError::Span {
-                    phase: self.name(),
-                    op: self.op,
+                return Err(self.at_core(
                     core,
-                    tensor: t.name.clone(),
-                    bytes,
-                    limit: SPAN_LIMIT,
-                });
+                    Invalid::Span {
+                        tensor: t.name.clone(),
+                        bytes,
+                        limit: SPAN_LIMIT,
+                    },
+                ));
             }
         }
         Ok(())
@@ -654,25 +512,23 @@ impl Checker<'_> {
                 "route indices must come from a routes tensor, not {:?}",
                 t.role
             );
-            return Err(ValidationError::NotABank {
-                phase: self.name(),
-                op: self.op,
+            return Err(self.at_op(Invalid::NotABank {
                 tensor: t.name.clone(),
                 why,
-            });
+            }));
         }
         let slots: usize = t.shape.iter().product();
         for (core, coords) in self.phase.core_slice.iter().enumerate() {
             let slot = route.slot.eval(&self.phase.slices, coords);
             if slot >= slots {
-                return Err(ValidationError::RouteSlot {
-                    phase: self.name(),
-                    op: self.op,
+                return Err(self.at_core(
                     core,
-                    routes: t.name.clone(),
-                    slot,
-                    slots,
-                });
+                    Invalid::RouteSlot {
+                        routes: t.name.clone(),
+                        slot,
+                        slots,
+                    },
+                ));
             }
         }
         Ok(())
@@ -714,4 +570,55 @@ pub fn load(json: &str) -> Result<Program, LoadError> {
     let p: Program = serde_json::from_str(json)?;
     validate(&p)?;
     Ok(p)
+}
+
+/// The validator's walk: each leaf op checked at its flattened index; a loop's contract checked
+/// on entry and its body once, as the body of a loop.
+impl<'a> Visit<'a> for Checker<'a> {
+    type Error = ValidationError;
+
+    fn leaf(&mut self, op: &'a Op, at: usize) -> R {
+        self.op = at;
+        self.one(op)
+    }
+
+    fn enter(&mut self, lp: &Loop<'a>, at: usize) -> Result<usize, ValidationError> {
+        self.op = at;
+        let (trips, advancing) = (lp.trips, lp.advancing);
+        if self.in_loop.is_some() {
+            return Err(self.at_phase(Invalid::Loop {
+                why: "loops do not nest".into(),
+            }));
+        }
+        if advancing.len() != 4 {
+            let why = format!(
+                "{} advancing operands; the contract has exactly four (gate, up, down, routing)",
+                advancing.len()
+            );
+            return Err(self.at_phase(Invalid::Loop { why }));
+        }
+        for a in advancing {
+            let t = self.tensor(&a.tensor)?;
+            let first = t.shape.first().copied().unwrap_or(0);
+            if trips * a.per_trip > first {
+                let why = format!(
+                    "`{}` advances {} x {} rows past its {first}",
+                    a.tensor, trips, a.per_trip
+                );
+                return Err(self.at_phase(Invalid::Loop { why }));
+            }
+        }
+        Ok(1)
+    }
+
+    fn trip(&mut self, lp: &Loop<'a>, _: usize) -> R {
+        let advancing = lp.advancing.iter().map(|a| (a.tensor.clone(), a.per_trip));
+        self.in_loop = Some(advancing.collect());
+        Ok(())
+    }
+
+    fn leave(&mut self, _: &Loop<'a>) -> R {
+        self.in_loop = None;
+        Ok(())
+    }
 }
