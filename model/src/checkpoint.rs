@@ -41,7 +41,7 @@ pub enum LoadError {
         found: String,
     },
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] crate::gemma4::config::ConfigError),
 }
 
 /// Where a loaded weight matrix lives.

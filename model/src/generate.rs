@@ -1,8 +1,7 @@
 //! Generation: prefill (one shot or in chunks; the LM head runs on one row per chunk and only the
 //! final chunk's row gives the first token), then one token per step; greedy or seeded sampling.
 
-use crate::forward::{Cache, Head, Model, ModelError, Trace};
-use crate::ops::Float;
+use crate::forward::{Cache, CausalLm, Head, ModelError, Trace};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -68,8 +67,8 @@ pub fn pick(logits: &[f32], s: &Sampling, rng: &mut SmallRng) -> u32 {
 }
 
 /// Generates up to `max_new` tokens after `prompt`, stopping at a stop token (kept in the output).
-pub fn generate<W: Float>(
-    model: &Model<'_, W>,
+pub fn generate(
+    model: &impl CausalLm,
     prompt: &[u32],
     max_new: usize,
     prefill_chunk: Option<usize>,

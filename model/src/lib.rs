@@ -1,19 +1,15 @@
 //! Gemma-4 (text, MoE) on generated kernels, and the `moek` command.
 //!
-//! - [`config`]: `config.json` (both layouts), unimplemented features refused by name.
+//! - [`gemma4`]: the family: config, weights (named after checkpoint keys), layer, model, tiny.
 //! - [`checkpoint`]: safetensors over memory maps, typed errors naming each tensor.
-//! - [`weights`]: the model's tensors, borrowed from the checkpoint (experts exist once).
-//! - [`forward`]: the forward pass; MoE, dense MLP and LM head through `moek_kernels` dispatch.
+//! - [`forward`]: what every family's forward shares: errors, the KV cache, dispatch records.
 //! - [`ops`]: the CPU-side pieces (norms, RoPE, attention, linear layers).
 //! - [`generate`]: prefill (one shot or chunked) and decoding, greedy or sampled.
-//! - [`tiny`]: a built-in tiny model with deterministic weights.
 //! - [`commands`]: one module per `moek` subcommand.
 
 pub mod checkpoint;
 pub mod commands;
-pub mod config;
 pub mod forward;
+pub mod gemma4;
 pub mod generate;
 pub mod ops;
-pub mod tiny;
-pub mod weights;

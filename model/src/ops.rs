@@ -1,7 +1,7 @@
 //! The CPU-side pieces of the forward pass (until they become DSL ops): RMSNorm, RoPE, linear
 //! layers over `[out, in]` weights, attention, softmax.
 
-use crate::config::{Config, Layer, Rope};
+use crate::gemma4::config::{Config, Layer, Rope};
 use moek_kernels::Elem;
 use rayon::prelude::*;
 
@@ -166,7 +166,7 @@ pub fn attention(
     let group = heads / kv;
     // Query positions per block: about 256 score rows (QB x n scores in flight per task).
     let qb = (256 / group).max(1);
-    let sliding = layer.attention == crate::config::Attention::Sliding;
+    let sliding = layer.attention == crate::gemma4::config::Attention::Sliding;
     let visible = |p: usize, kp: usize| kp <= p && (!sliding || p - kp < cfg.window);
     // `vt[g]` is value head g transposed, `[d, n]`.
     let vt: Option<Vec<Vec<f32>>> = (s >= moek_cpu::gemm::STREAM_ROWS).then(|| {
@@ -276,7 +276,7 @@ mod tests {
         kpos: &[usize],
     ) -> Vec<f64> {
         let (d, kv, heads) = (layer.head_dim, layer.kv_heads, cfg.heads);
-        let sliding = layer.attention == crate::config::Attention::Sliding;
+        let sliding = layer.attention == crate::gemma4::config::Attention::Sliding;
         let mut out = vec![0f64; qpos.len() * heads * d];
         for (i, &p) in qpos.iter().enumerate() {
             for h in 0..heads {
@@ -311,7 +311,7 @@ mod tests {
     /// cache of earlier positions: every output within 1e-5 of the f64 formula, none NaN.
     #[test]
     fn attention_matches_f64_on_both_paths() {
-        let cfg = crate::tiny::config();
+        let cfg = crate::gemma4::tiny::config();
         let val = |i: usize, salt: usize| (((i * 31 + salt) % 23) as f32 - 11.0) / 9.0;
         for layer in &cfg.layers[..2] {
             let (d, kv, heads) = (layer.head_dim, layer.kv_heads, cfg.heads);

@@ -6,46 +6,56 @@
 
 use moek_kernels::dispatch::Backend;
 use moek_kernels::testing::uniform;
-use moek_model::forward::Model;
-use moek_model::tiny;
-use moek_model::weights::{LayerWeights, MoeWeights, Weights};
+use moek_model::gemma4::model::Model;
+use moek_model::gemma4::tiny;
+use moek_model::gemma4::weights::{
+    DecoderLayer, Experts, Mlp, MoeBlock, Router, SelfAttn, Weights,
+};
 use std::borrow::Cow;
 
 /// A one-layer model at the 26B-A4B MoE geometry whose expert banks borrow `mw`'s (only the MoE
 /// block runs, so attention and dense weights are left empty).
 fn model<'w>(
     variant: Option<&str>,
-    mw: &'w MoeWeights<'static, half::bf16>,
+    mw: &'w MoeBlock<'static, half::bf16>,
 ) -> Model<'w, half::bf16> {
     let cfg = tiny::gemma4_26b(1);
     let none = || Cow::Owned(vec![]);
     let weights = Weights {
-        embed: none(),
+        embed_tokens: none(),
         lm_head: None,
-        final_norm: vec![],
-        layers: vec![LayerWeights {
-            input_norm: vec![],
-            post_attn_norm: vec![],
-            pre_ffn_norm: vec![],
-            post_ffn_norm: vec![],
-            q: none(),
-            k: none(),
-            v: None,
-            o: none(),
-            q_norm: vec![],
-            k_norm: vec![],
-            gate: none(),
-            up: none(),
-            down: none(),
-            moe: Some(MoeWeights {
-                pre_norm_2: mw.pre_norm_2.clone(),
-                post_norm_1: mw.post_norm_1.clone(),
-                post_norm_2: mw.post_norm_2.clone(),
-                router: Cow::Borrowed(&mw.router),
-                router_scale: mw.router_scale.clone(),
-                per_expert_scale: mw.per_expert_scale.clone(),
-                gate_up: Cow::Borrowed(&mw.gate_up),
-                down: Cow::Borrowed(&mw.down),
+        norm: vec![],
+        layers: vec![DecoderLayer {
+            input_layernorm: vec![],
+            post_attention_layernorm: vec![],
+            pre_feedforward_layernorm: vec![],
+            post_feedforward_layernorm: vec![],
+            self_attn: SelfAttn {
+                q_proj: none(),
+                k_proj: none(),
+                v_proj: None,
+                o_proj: none(),
+                q_norm: vec![],
+                k_norm: vec![],
+            },
+            mlp: Mlp {
+                gate_proj: none(),
+                up_proj: none(),
+                down_proj: none(),
+            },
+            moe: Some(MoeBlock {
+                pre_feedforward_layernorm_2: mw.pre_feedforward_layernorm_2.clone(),
+                post_feedforward_layernorm_1: mw.post_feedforward_layernorm_1.clone(),
+                post_feedforward_layernorm_2: mw.post_feedforward_layernorm_2.clone(),
+                router: Router {
+                    proj: Cow::Borrowed(&mw.router.proj),
+                    scale: mw.router.scale.clone(),
+                    per_expert_scale: mw.router.per_expert_scale.clone(),
+                },
+                experts: Experts {
+                    gate_up_proj: Cow::Borrowed(&mw.experts.gate_up_proj),
+                    down_proj: Cow::Borrowed(&mw.experts.down_proj),
+                },
             }),
             layer_scalar: 1.0,
         }],
@@ -58,7 +68,7 @@ fn model<'w>(
     }
 }
 
-fn moe_weights() -> MoeWeights<'static, half::bf16> {
+fn moe_weights() -> MoeBlock<'static, half::bf16> {
     let (h, e, f) = (2816, 128, 704);
     let norm = |seed| -> Vec<f32> {
         uniform::<f32>(h, seed, 0.2)
@@ -66,15 +76,19 @@ fn moe_weights() -> MoeWeights<'static, half::bf16> {
             .map(|x| 1.0 + x)
             .collect()
     };
-    MoeWeights {
-        pre_norm_2: norm(1),
-        post_norm_1: norm(2),
-        post_norm_2: norm(3),
-        router: Cow::Owned(uniform(e * h, 4, 0.5)),
-        router_scale: norm(5),
-        per_expert_scale: uniform::<f32>(e, 6, 0.2).iter().map(|x| 1.0 + x).collect(),
-        gate_up: Cow::Owned(uniform(e * 2 * f * h, 7, 1.0 / (h as f32).sqrt())),
-        down: Cow::Owned(uniform(e * h * f, 8, 1.0 / (f as f32).sqrt())),
+    MoeBlock {
+        pre_feedforward_layernorm_2: norm(1),
+        post_feedforward_layernorm_1: norm(2),
+        post_feedforward_layernorm_2: norm(3),
+        router: Router {
+            proj: Cow::Owned(uniform(e * h, 4, 0.5)),
+            scale: norm(5),
+            per_expert_scale: uniform::<f32>(e, 6, 0.2).iter().map(|x| 1.0 + x).collect(),
+        },
+        experts: Experts {
+            gate_up_proj: Cow::Owned(uniform(e * 2 * f * h, 7, 1.0 / (h as f32).sqrt())),
+            down_proj: Cow::Owned(uniform(e * h * f, 8, 1.0 / (f as f32).sqrt())),
+        },
     }
 }
 

@@ -2,8 +2,8 @@
 //! what was found; never a panic. Features moek does not implement are refused by name.
 
 use moek_model::checkpoint::{Checkpoint, LoadError, Residence};
-use moek_model::config::{Config, ConfigError};
-use moek_model::weights;
+use moek_model::gemma4::config::{Config, ConfigError};
+use moek_model::gemma4::weights;
 use std::path::{Path, PathBuf};
 
 fn fixture() -> PathBuf {
@@ -224,7 +224,8 @@ fn sharded_f16() -> PathBuf {
 
 #[test]
 fn a_sharded_f16_checkpoint_loads_and_gives_the_f32_logits_closely() {
-    use moek_model::forward::{Cache, Head, Model};
+    use moek_model::forward::{Cache, CausalLm, Head};
+    use moek_model::gemma4::model::Model;
     let e: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixture().join("expected.json")).unwrap())
             .unwrap();
@@ -311,7 +312,8 @@ fn a_sharded_f16_checkpoint_loads_and_gives_the_f32_logits_closely() {
 
 /// All-row logits of a 4-token prompt on the CPU.
 fn logits(cfg: &Config, weights: weights::Weights<'_, half::bf16>) -> Vec<Vec<f32>> {
-    use moek_model::forward::{Cache, Head, Model};
+    use moek_model::forward::{Cache, CausalLm, Head};
+    use moek_model::gemma4::model::Model;
     let model = Model {
         cfg: cfg.clone(),
         weights,
@@ -328,22 +330,27 @@ fn logits(cfg: &Config, weights: weights::Weights<'_, half::bf16>) -> Vec<Vec<f3
         .unwrap()
 }
 
-/// `save` then `load` gives the same weights back in either residence: the logits are bit for
+/// `save` (of the tiny model's draw) then `load` gives the tiny model's weights back in either residence: the logits are bit for
 /// bit those of the weights that were saved, and the residence took effect (mapped matrices
 /// borrow the file; huge-page ones are copies the model owns).
 #[test]
 fn saved_weights_load_back_mapped_or_in_huge_pages() {
-    let cfg = moek_model::tiny::config();
+    let cfg = moek_model::gemma4::tiny::config();
     let dir = std::env::temp_dir().join(format!("moek-load-save-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let saved = moek_model::tiny::weights::<half::bf16>(&cfg);
-    weights::save(&saved, &cfg, &dir.join("model.safetensors")).unwrap();
+    let saved = moek_model::gemma4::tiny::weights::<half::bf16>(&cfg);
+    let draw = moek_model::gemma4::tiny::Draw::default();
+    weights::save::<half::bf16>(draw, &cfg, &dir.join("model.safetensors")).unwrap();
     let want = logits(&cfg, saved);
     let ck = Checkpoint::open(&dir).unwrap();
     for residence in [Residence::Mapped, Residence::HugePages] {
         let loaded = weights::load::<half::bf16>(&ck, &cfg, residence, |_| {}).unwrap();
-        let owned = [&loaded.embed, &loaded.layers[0].q, &loaded.layers[1].down]
-            .map(|m| matches!(m, std::borrow::Cow::Owned(_)));
+        let owned = [
+            &loaded.embed_tokens,
+            &loaded.layers[0].self_attn.q_proj,
+            &loaded.layers[1].mlp.down_proj,
+        ]
+        .map(|m| matches!(m, std::borrow::Cow::Owned(_)));
         assert_eq!(
             owned,
             [residence == Residence::HugePages; 3],

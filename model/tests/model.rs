@@ -2,9 +2,10 @@
 //! a window), chunked prefill, the final-row head, forced variants, the dispatch record.
 
 use moek_kernels::dispatch::Backend;
-use moek_model::forward::{Cache, Head, Model, ModelError};
+use moek_model::forward::{Cache, CausalLm, Head, ModelError};
+use moek_model::gemma4::model::Model;
+use moek_model::gemma4::tiny;
 use moek_model::generate::{Sampling, generate};
-use moek_model::tiny;
 
 fn model(variant: Option<&str>) -> Model<'static, half::bf16> {
     model_of(variant)

@@ -14,11 +14,12 @@
 
 use moek_kernels::dispatch::Backend;
 use moek_model::checkpoint::Checkpoint;
-use moek_model::config::Config;
-use moek_model::forward::{Cache, Head, Model, Trace};
+use moek_model::forward::{Cache, CausalLm, Head, Trace};
+use moek_model::gemma4::config::Config;
+use moek_model::gemma4::model::Model;
+use moek_model::gemma4::weights;
 use moek_model::generate::{Sampling, generate};
 use moek_model::ops::Float;
-use moek_model::weights;
 use std::path::PathBuf;
 
 struct Expected {

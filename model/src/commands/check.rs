@@ -11,18 +11,11 @@
 
 use super::CommandError;
 use moek_kernels::dispatch::{self, Backend};
-use moek_kernels::ir::{DimName, Op, Target};
+use moek_kernels::ir::Target;
 use moek_kernels::testing::{self, Cases, Report};
-use moek_kernels::{Shape, geometry, specs};
+use moek_kernels::{geometry, specs};
 use std::process::ExitCode;
 use std::time::Instant;
-
-/// Sizes for free dims: the 26B-A4B layer (decode when T is free and may be 1, a 512-token prompt
-/// when it must be more).
-pub const REAL: Shape = Shape {
-    v: geometry::VOCAB,
-    ..geometry::DECODE
-};
 
 pub fn run(require: &[String], filter: Option<&str>, full: bool) -> Result<ExitCode, CommandError> {
     let started = Instant::now();
@@ -69,7 +62,7 @@ pub fn run(require: &[String], filter: Option<&str>, full: bool) -> Result<ExitC
         .filter(|e| filter.is_none_or(|f| e.name().contains(f)))
     {
         let k = entry.ir();
-        let shape = real_shape(k);
+        let shape = geometry::real_shape(k);
         for backend in backends.iter().filter(|b| k.targets.contains(&b.target)) {
             for &dtype in &k.dtypes {
                 if backend.target == Target::Wgpu && adapter.is_err() {
@@ -163,7 +156,7 @@ fn wgpu_adapter() -> Result<String, String> {
 /// The built-in tiny Gemma-4 MoE through every backend: greedy tokens, and whether those that
 /// ran agree. A backend with no variant for the tiny sizes says so and is not counted.
 fn tiny_model(backends: &[Backend], adapter: bool) -> bool {
-    let cfg = crate::tiny::config();
+    let cfg = crate::gemma4::tiny::config();
     let prompt = [2, 17, 5, 9, 33, 41, 7, 12, 3];
     let mut runs: Vec<(Target, Vec<u32>)> = vec![];
     println!(
@@ -179,9 +172,9 @@ fn tiny_model(backends: &[Backend], adapter: bool) -> bool {
             println!("  {:<6} no adapter: not run", backend.target.to_string());
             continue;
         }
-        let model = crate::forward::Model {
+        let model = crate::gemma4::model::Model {
             cfg: cfg.clone(),
-            weights: crate::tiny::weights::<half::bf16>(&cfg),
+            weights: crate::gemma4::tiny::weights::<half::bf16>(&cfg),
             backend: backend.clone(),
             variant: None,
         };
@@ -222,18 +215,6 @@ fn required(backend: &str, why: &str) -> CommandError {
         backend: backend.to_string(),
         why: why.to_string(),
     }
-}
-
-/// The spec's fixed sizes, 26B-A4B sizes for its free dims (the dense MLP's F is 2112).
-pub fn real_shape(k: &moek_kernels::ir::Kernel) -> Shape {
-    let mut free = REAL;
-    if k.op == Op::DenseMlp {
-        free.f = geometry::DENSE_F;
-    }
-    if let Some(t) = k.dim(DimName::T).filter(|d| !d.admits(1)) {
-        free.t = geometry::PREFILL.t.max(t.min);
-    }
-    testing::shape_for(k, &free)
 }
 
 /// One result row; for Spyre the rate is the modeled one (`~`), the time the simulator's.

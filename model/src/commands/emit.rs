@@ -66,7 +66,7 @@ pub fn run(
                     })?,
             };
             // Free dims take the 26B-A4B sizes `moek check` runs.
-            let shape = super::check::real_shape(ir);
+            let shape = moek_kernels::geometry::real_shape(ir);
             let dev = DeviceCaps {
                 binding_limit: BINDING_LIMIT,
                 f16,

@@ -1,9 +1,9 @@
 //! One module per `moek` subcommand.
 
 pub mod bench;
-pub mod bench_model;
 pub mod check;
 pub mod emit;
+pub mod figures;
 pub mod list;
 pub mod run;
 #[cfg(feature = "spyre")]

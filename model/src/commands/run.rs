@@ -1,13 +1,15 @@
 //! `moek logits` and `moek generate`: a checkpoint directory (or the built-in tiny model) run on
 //! the generated kernels of the chosen backend.
 
+use super::figures::Format;
 use super::{BackendArg, CommandError};
 use crate::checkpoint::{Checkpoint, Residence};
-use crate::config::Config;
-use crate::forward::{Cache, Head, Model, Trace};
+use crate::forward::{Cache, CausalLm, Head, Trace};
+use crate::gemma4::config::Config;
+use crate::gemma4::model::Model;
+use crate::gemma4::weights;
 use crate::generate::{Sampling, generate};
 use crate::ops::Float;
-use crate::weights;
 use half::{bf16, f16};
 use safetensors::Dtype;
 use std::path::{Path, PathBuf};
@@ -30,8 +32,8 @@ pub struct ModelArgs {
     /// Force this MoE variant (an ineligible one is an error before anything runs).
     #[arg(long)]
     pub variant: Option<String>,
-    #[arg(long, value_enum, default_value_t = super::bench::Format::Text)]
-    pub format: super::bench::Format,
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
     /// Where the weight matrices live: `huge-pages` copies them at load (on machines that stream
     /// 4 KiB pages slowly, the CPU's decode gains up to twice), `mapped` reads the file in place
     /// (nothing is copied). Default: huge pages on the CPU backend; mapped on the others, whose
@@ -246,11 +248,11 @@ impl Job for GenerateJob<'_> {
         }
         let text = self.1.and_then(|t| t.decode(&out, true).ok());
         match a.common.format {
-            super::bench::Format::Json => match &text {
+            Format::Json => match &text {
                 Some(text) => println!("{}", serde_json::json!({ "tokens": out, "text": text })),
                 None => println!("{}", serde_json::json!({ "tokens": out })),
             },
-            super::bench::Format::Text => {
+            Format::Text => {
                 let ids: Vec<String> = out.iter().map(ToString::to_string).collect();
                 println!("{}", ids.join(","));
                 if let Some(text) = text {

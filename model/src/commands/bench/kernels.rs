@@ -1,4 +1,4 @@
-//! `moek bench`: the kernel targets, measured against this machine's own floors in the same run.
+//! `moek bench` (without `--geometry`): the kernel targets, measured against this machine's own floors in the same run.
 //!
 //! - Decode (T=1, 8 routes, bf16): per call, the weight bytes read over the call's time, against
 //!   the memory read bandwidth probed just before it; the median over calls (target: >= 80%).
@@ -8,52 +8,15 @@
 //! The machine is noisy: every figure is a median of repeated runs, and ratios are taken within
 //! one run.
 
-use super::{BackendArg, CommandError, spec};
+use super::BenchArgs;
+use crate::commands::figures::{Format, SAMPLE_PROBE_BYTES, median, median_ratio, print_json};
+use crate::commands::{CommandError, spec};
 use half::bf16;
 use moek_kernels::ir::Op;
 use moek_kernels::testing::{Case, routes};
 use moek_kernels::{CpuFn, geometry};
 use std::process::ExitCode;
 use std::time::Instant;
-
-#[cfg(feature = "wgpu")]
-#[path = "bench_wgpu.rs"]
-mod gpu;
-
-#[derive(clap::Args, Debug, Clone)]
-pub struct BenchArgs {
-    /// Timed repetitions per figure (the median is reported).
-    #[arg(long, default_value_t = 15)]
-    pub iters: usize,
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    pub format: Format,
-    /// Where the kernels run: the CPU (against this machine's floors) or the wgpu adapter present.
-    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
-    pub backend: BackendArg,
-    /// Bench the whole model at this geometry (random weights in memory) instead of the kernels.
-    #[arg(long, value_enum)]
-    pub geometry: Option<Geometry>,
-    /// Layers of the model bench (alternating sliding and full).
-    #[arg(long, default_value_t = 2)]
-    pub layers: usize,
-    /// Model bench: write the random weights to a safetensors file (in the temp dir, removed once
-    /// mapped) and load them back from it, living where this says. Default: built in memory, in
-    /// huge pages.
-    #[arg(long, value_enum)]
-    pub from_file: Option<crate::checkpoint::Residence>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Geometry {
-    #[value(name = "26b-a4b")]
-    Gemma4_26bA4b,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
-    Text,
-    Json,
-}
 
 /// The figures one run measures.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -80,41 +43,11 @@ pub struct Figures {
     pub prefill_peak_ratio: f64,
 }
 
-/// The probe read before each timed decode call or step: 256 MiB (8 times the last-level caches
-/// here), in huge pages like the weights, best of two passes. Shared machines change memory speed
-/// from one second to the next, so each sample is judged against its own moment.
-pub(super) const SAMPLE_PROBE_BYTES: usize = 256 << 20;
-
-/// The median over samples of `bytes / bandwidth[i] / times[i]`: each timed sample's share of
-/// the read bandwidth probed just before it.
-pub(super) fn median_ratio(bytes: f64, bandwidth: &[f64], times: &[f64]) -> f64 {
-    median(bandwidth.iter().zip(times).map(|(bw, t)| bytes / bw / t))
-}
-
 pub const DECODE_FLOOR: f64 = 0.80;
 pub const PREFILL_FLOOR: f64 = 0.60;
 
+/// The kernel bench: runs it and prints its figures.
 pub fn run(args: &BenchArgs) -> Result<ExitCode, CommandError> {
-    if args.backend == BackendArg::Spyre {
-        return Err(CommandError::Usage(
-            "`moek bench` measures the cpu and wgpu backends on this machine; the Spyre cost model \
-             is `moek spyre-calibrate`"
-                .into(),
-        ));
-    }
-    if args.geometry.is_some() {
-        // The model's kernels run on the chosen backend; attention and norms on the CPU.
-        return super::bench_model::run(args, args.layers.max(1));
-    }
-    if args.backend == BackendArg::Wgpu {
-        #[cfg(feature = "wgpu")]
-        return gpu::run(args);
-        #[cfg(not(feature = "wgpu"))]
-        return Err(CommandError::Required {
-            backend: "wgpu".into(),
-            why: "this build has no `wgpu` feature".into(),
-        });
-    }
     let f = measure(args.iters.max(3))?;
     match args.format {
         Format::Json => print_json(&f),
@@ -259,18 +192,4 @@ fn sgemm_same_flops(threads: usize) -> f64 {
         start.elapsed().as_secs_f64()
     };
     run(2816, 1408) + run(704, 2816)
-}
-
-/// Figures as one pretty JSON object on stdout (what `--format json` scripts read).
-pub(crate) fn print_json(figures: &impl serde::Serialize) {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(figures).expect("figures serialise")
-    );
-}
-
-pub(crate) fn median(samples: impl Iterator<Item = f64>) -> f64 {
-    let mut v: Vec<f64> = samples.collect();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }

@@ -4,10 +4,12 @@
 //! per decode step against the read bandwidth probed before each step, and peak memory against
 //! the weights' bytes.
 
-use super::bench::{BenchArgs, Format, median, median_ratio, print_json};
+use super::BenchArgs;
 use crate::checkpoint::{Checkpoint, LoadError};
 use crate::commands::CommandError;
-use crate::forward::{Cache, Head, Model, Trace};
+use crate::commands::figures::{Format, SAMPLE_PROBE_BYTES, median, median_ratio, print_json};
+use crate::forward::{Cache, CausalLm, Head, Trace};
+use crate::gemma4::model::Model;
 use half::bf16;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -137,14 +139,15 @@ fn seconds_of(trace: &[Trace], what: &str) -> f64 {
 
 /// The bench's random weights written to a fresh safetensors file and mapped back. The file is
 /// unlinked once mapped (the map keeps its pages), so nothing is left behind.
-fn written(cfg: &crate::config::Config) -> Result<Checkpoint, CommandError> {
+fn written(cfg: &crate::gemma4::config::Config) -> Result<Checkpoint, CommandError> {
     let dir = std::env::temp_dir().join(format!("moek-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|source| LoadError::Io {
         path: dir.clone(),
         source,
     })?;
     let path = dir.join("model.safetensors");
-    let saved = crate::weights::save(&crate::tiny::weights::<bf16>(cfg), cfg, &path);
+    let saved =
+        crate::gemma4::weights::save::<bf16>(crate::gemma4::tiny::Draw::default(), cfg, &path);
     let ck = saved.and_then(|()| Checkpoint::from_files(std::slice::from_ref(&path)));
     let _ = std::fs::remove_dir_all(&dir);
     Ok(ck?)
@@ -155,13 +158,13 @@ const PARTS: [&str; 3] = ["lm_head", "moe", "dense_mlp"];
 
 pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandError> {
     let backend = args.backend;
-    let cfg = crate::tiny::gemma4_26b(layers);
+    let cfg = crate::gemma4::tiny::gemma4_26b(layers);
     let ck;
     let weights = match args.from_file {
-        None => crate::tiny::weights::<bf16>(&cfg),
+        None => crate::gemma4::tiny::weights::<bf16>(&cfg),
         Some(residence) => {
             ck = written(&cfg)?;
-            crate::weights::load::<bf16>(&ck, &cfg, residence, |_| {})?
+            crate::gemma4::weights::load::<bf16>(&ck, &cfg, residence, |_| {})?
         }
     };
     let weights_bytes = weights.bytes() as u64;
@@ -196,7 +199,7 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
     // Peak memory through prefill, before the step probe's buffer: decode steps add only rows of
     // the KV cache.
     let peak_rss_bytes = peak_rss();
-    let probe = moek_cpu::bandwidth::Probe::new(super::bench::SAMPLE_PROBE_BYTES);
+    let probe = moek_cpu::bandwidth::Probe::new(SAMPLE_PROBE_BYTES);
     let mut bandwidth = vec![];
     let mut samples = vec![];
     let mut parts: [Vec<f64>; PARTS.len()] = Default::default();
@@ -280,7 +283,7 @@ impl Work {
     /// the eight selected experts (the KV cache is small beside them at this length). Per
     /// prefill of `s` tokens: two FLOPs per multiply-add of every matrix product, attention over
     /// the visible keys, and the LM head on the final row.
-    fn of(cfg: &crate::config::Config, s: usize) -> Work {
+    fn of(cfg: &crate::gemma4::config::Config, s: usize) -> Work {
         let (h, e, st) = (cfg.hidden as f64, 2.0, s as f64);
         let mut decode_macs = cfg.vocab as f64 * h;
         let mut prefill_flops = 2.0 * cfg.vocab as f64 * h;
@@ -293,7 +296,7 @@ impl Work {
             prefill_flops += 2.0 * st * dense;
             // Causal: query i sees i + 1 keys, at most the window on sliding layers.
             let window = match l.attention {
-                crate::config::Attention::Sliding => cfg.window,
+                crate::gemma4::config::Attention::Sliding => cfg.window,
                 _ => usize::MAX,
             };
             let visible: f64 = (0..s).map(|i| (i + 1).min(window) as f64).sum();

@@ -2,8 +2,9 @@
 //! adapter present, with the banks kept on the device (uploaded once). Times are per call from
 //! the host: upload of activations and routes, every dispatch, readback of the output.
 
-use super::{BenchArgs, Format, median, print_json};
+use super::BenchArgs;
 use crate::commands::CommandError;
+use crate::commands::figures::{Format, median, print_json};
 use half::bf16;
 use moek_kernels::dispatch::{self, Backend};
 use moek_kernels::ir::{DType, Op};
@@ -67,11 +68,12 @@ pub fn measure(iters: usize) -> Result<GpuFigures, CommandError> {
             None,
         )
     };
-    let decode = super::spec(&choose(&geometry::DECODE)?.kernel)?;
-    let prefill = super::spec(&choose(&geometry::PREFILL)?.kernel)?;
+    let decode = crate::commands::spec(&choose(&geometry::DECODE)?.kernel)?;
+    let prefill = crate::commands::spec(&choose(&geometry::PREFILL)?.kernel)?;
     let shape = geometry::DECODE;
     let mut case = Case::<bf16>::new(Op::ExpertFfn, shape, 1);
-    let (w1, w2) = (std::mem::take(&mut case.w1), std::mem::take(&mut case.w2));
+    let w1 = std::mem::take(case.param_mut("gate_up"));
+    let w2 = std::mem::take(case.param_mut("down"));
     let mut session = Session::new().map_err(backend_error)?;
     session.keep(&w1);
     session.keep(&w2);

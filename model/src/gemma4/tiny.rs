@@ -2,8 +2,9 @@
 //! window shorter than the test sequences, non-trivial norms, router scales and layer scalars.
 //! `moek check` runs it through every backend; tests use it without a checkpoint.
 
-use crate::config::{Attention, Config, Layer, Moe, Rope};
-use crate::weights::{LayerWeights, MoeWeights, Weights};
+use crate::checkpoint::LoadError;
+use crate::gemma4::config::{Attention, Config, Layer, Moe, Rope};
+use crate::gemma4::weights::{Source, Weights, build};
 use moek_kernels::Elem;
 use moek_kernels::testing::uniform;
 use std::borrow::Cow;
@@ -52,63 +53,54 @@ pub fn config() -> Config {
 /// Weights for any `cfg` in `W`, drawn from fixed seeds (the tiny model's, and the real-geometry
 /// layers `moek bench --geometry 26b-a4b` builds in memory).
 pub fn weights<W: Elem>(cfg: &Config) -> Weights<'static, W> {
-    let (h, v, f) = (cfg.hidden, cfg.vocab, cfg.intermediate);
-    let mut seed = 1000u64;
-    let mut mat = |n: usize, fan_in: usize| -> Cow<'static, [W]> {
-        seed += 1;
-        Cow::Owned(uniform(n, seed, 1.0 / (fan_in as f32).sqrt()))
-    };
-    let mut norm_seed = 5000u64;
-    let mut norm = |n: usize| -> Vec<f32> {
-        norm_seed += 1;
-        uniform::<f32>(n, norm_seed, 0.3)
+    build(&mut Draw::default(), cfg, |_| {}).expect("drawing weights cannot fail")
+}
+
+/// The tiny model's weights as a [`Source`]: matrices uniform in +-1/sqrt(fan-in) (the
+/// embedding narrower), norms and scales 1 +- 0.3, layer `i`'s scalar 0.6 + 0.1 i; each kind
+/// from its own run of seeds, in the order [`build`] asks.
+#[derive(Debug, Default)]
+pub struct Draw {
+    matrices: u64,
+    vectors: u64,
+    scalars: usize,
+}
+
+impl<W: Elem> Source<'static, W> for Draw {
+    fn matrix(
+        &mut self,
+        names: &[String],
+        shape: &[usize],
+    ) -> Result<Cow<'static, [W]>, LoadError> {
+        self.matrices += 1;
+        // Narrow enough that greedy tokens vary (a wide tied embedding makes one token win).
+        let fan_in = match names[0].ends_with("embed_tokens.weight") {
+            true => 44,
+            false => shape[shape.len() - 1],
+        };
+        let n = shape.iter().product();
+        Ok(Cow::Owned(uniform(
+            n,
+            1000 + self.matrices,
+            1.0 / (fan_in as f32).sqrt(),
+        )))
+    }
+
+    fn vector(&mut self, names: &[String], shape: &[usize]) -> Result<Vec<f32>, LoadError> {
+        if names[0].ends_with("layer_scalar") {
+            self.scalars += 1;
+            return Ok(vec![0.6 + 0.1 * (self.scalars - 1) as f32]);
+        }
+        self.vectors += 1;
+        let n = shape.iter().product();
+        Ok(uniform::<f32>(n, 5000 + self.vectors, 0.3)
             .into_iter()
             .map(|x| 1.0 + x)
-            .collect()
-    };
-    // Narrow enough that greedy tokens vary (a wide tied embedding makes one token win).
-    let embed = mat(v * h, 44);
-    let final_norm = norm(h);
-    let layers = cfg
-        .layers
-        .iter()
-        .enumerate()
-        .map(|(i, l)| {
-            let (d, kv, nh) = (l.head_dim, l.kv_heads, cfg.heads);
-            let moe = cfg.moe.map(|m| MoeWeights {
-                pre_norm_2: norm(h),
-                post_norm_1: norm(h),
-                post_norm_2: norm(h),
-                router: mat(m.experts * h, h),
-                router_scale: norm(h),
-                per_expert_scale: norm(m.experts),
-                gate_up: mat(m.experts * 2 * m.intermediate * h, h),
-                down: mat(m.experts * h * m.intermediate, m.intermediate),
-            });
-            LayerWeights {
-                input_norm: norm(h),
-                post_attn_norm: norm(h),
-                pre_ffn_norm: norm(h),
-                post_ffn_norm: norm(h),
-                q: mat(nh * d * h, h),
-                k: mat(kv * d * h, h),
-                v: (!l.k_eq_v).then(|| mat(kv * d * h, h)),
-                o: mat(h * nh * d, nh * d),
-                q_norm: norm(d),
-                k_norm: norm(d),
-                gate: mat(f * h, h),
-                up: mat(f * h, h),
-                down: mat(h * f, f),
-                moe,
-                layer_scalar: 0.6 + 0.1 * i as f32,
-            }
-        })
-        .collect();
-    Weights {
-        embed,
-        lm_head: None,
-        final_norm,
-        layers,
+            .collect())
+    }
+
+    fn has(&self, _: &[String]) -> bool {
+        false
     }
 }
 

@@ -1,0 +1,64 @@
+//! `moek bench`: the kernels against this machine's floors ([`kernels`]), the whole model at a
+//! real geometry ([`model`]), or the kernels on a wgpu adapter ([`wgpu`]).
+
+pub mod kernels;
+pub mod model;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
+
+use super::figures::Format;
+use super::{BackendArg, CommandError};
+use std::process::ExitCode;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Timed repetitions per figure (the median is reported).
+    #[arg(long, default_value_t = 15)]
+    pub iters: usize,
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+    /// Where the kernels run: the CPU (against this machine's floors) or the wgpu adapter present.
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    pub backend: BackendArg,
+    /// Bench the whole model at this geometry (random weights in memory) instead of the kernels.
+    #[arg(long, value_enum)]
+    pub geometry: Option<Geometry>,
+    /// Layers of the model bench (alternating sliding and full).
+    #[arg(long, default_value_t = 2)]
+    pub layers: usize,
+    /// Model bench: write the random weights to a safetensors file (in the temp dir, removed once
+    /// mapped) and load them back from it, living where this says. Default: built in memory, in
+    /// huge pages.
+    #[arg(long, value_enum)]
+    pub from_file: Option<crate::checkpoint::Residence>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Geometry {
+    #[value(name = "26b-a4b")]
+    Gemma4_26bA4b,
+}
+
+pub fn run(args: &BenchArgs) -> Result<ExitCode, CommandError> {
+    if args.backend == BackendArg::Spyre {
+        return Err(CommandError::Usage(
+            "`moek bench` measures the cpu and wgpu backends on this machine; the Spyre cost model \
+             is `moek spyre-calibrate`"
+                .into(),
+        ));
+    }
+    if args.geometry.is_some() {
+        // The model's kernels run on the chosen backend; attention and norms on the CPU.
+        return model::run(args, args.layers.max(1));
+    }
+    if args.backend == BackendArg::Wgpu {
+        #[cfg(feature = "wgpu")]
+        return wgpu::run(args);
+        #[cfg(not(feature = "wgpu"))]
+        return Err(CommandError::Required {
+            backend: "wgpu".into(),
+            why: "this build has no `wgpu` feature".into(),
+        });
+    }
+    kernels::run(args)
+}

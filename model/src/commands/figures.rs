@@ -1,0 +1,33 @@
+//! How the measuring commands report: the output format, medians, and the bandwidth probe
+//! each timed sample is judged against.
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
+}
+
+/// The probe read before each timed decode call or step: 256 MiB (8 times the last-level caches
+/// here), in huge pages like the weights, best of two passes. Shared machines change memory speed
+/// from one second to the next, so each sample is judged against its own moment.
+pub(crate) const SAMPLE_PROBE_BYTES: usize = 256 << 20;
+
+/// The median over samples of `bytes / bandwidth[i] / times[i]`: each timed sample's share of
+/// the read bandwidth probed just before it.
+pub(crate) fn median_ratio(bytes: f64, bandwidth: &[f64], times: &[f64]) -> f64 {
+    median(bandwidth.iter().zip(times).map(|(bw, t)| bytes / bw / t))
+}
+
+/// Figures as one pretty JSON object on stdout (what `--format json` scripts read).
+pub(crate) fn print_json(figures: &impl serde::Serialize) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(figures).expect("figures serialise")
+    );
+}
+
+pub(crate) fn median(samples: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = samples.collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}

@@ -1,0 +1,184 @@
+//! One Gemma-4 decoder layer (docs/gemma4.md): attention, the dense MLP, and the MoE block
+//! beside it (router on the CPU, experts through dispatch).
+
+use super::config::{Attention, Moe};
+use super::model::Model;
+use super::weights::{DecoderLayer, MoeBlock};
+use crate::forward::{LayerCache, ModelError, Trace, run_traced};
+use crate::ops::{self, Float, linear, normed, rms_norm, to_w};
+use moek_kernels::{Inputs, Shape};
+
+impl<W: Float> Model<'_, W> {
+    /// One decoder layer (docs/gemma4.md); `x` is `[S, H]`.
+    pub(super) fn layer(
+        &self,
+        i: usize,
+        lw: &DecoderLayer<'_, W>,
+        x: &[f32],
+        positions: &[usize],
+        cache: &mut LayerCache,
+        trace: &mut Vec<Trace>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let cfg = &self.cfg;
+        let (hd, s) = (cfg.hidden, positions.len());
+        let eps = cfg.eps;
+        // Attention.
+        let attn = self.attention(
+            i,
+            lw,
+            &normed(x, hd, &lw.input_layernorm, eps),
+            positions,
+            cache,
+        );
+        let attn = normed(&attn, hd, &lw.post_attention_layernorm, eps);
+        let h: Vec<f32> = x.iter().zip(&attn).map(|(a, b)| a + b).collect();
+        // Dense MLP (a kernel).
+        let xin = to_w::<W>(&normed(&h, hd, &lw.pre_feedforward_layernorm, eps));
+        let mut d = vec![0f32; s * hd];
+        let shape = Shape {
+            t: s,
+            h: hd,
+            f: cfg.intermediate,
+            ..Shape::default()
+        };
+        let inputs = Inputs::DenseMlp {
+            x: &xin,
+            gate: &lw.mlp.gate_proj,
+            up: &lw.mlp.up_proj,
+            down: &lw.mlp.down_proj,
+        };
+        run_traced(
+            &self.backend,
+            i,
+            "dense_mlp",
+            &shape,
+            &inputs,
+            &mut d,
+            None,
+            trace,
+        )?;
+        if let Some(mw) = &lw.moe {
+            let d1 = normed(&d, hd, &mw.post_feedforward_layernorm_1, eps);
+            let m = self.moe_block(i, &h, trace)?;
+            let m = normed(&m, hd, &mw.post_feedforward_layernorm_2, eps);
+            d = d1.iter().zip(&m).map(|(a, b)| a + b).collect();
+        }
+        let d = normed(&d, hd, &lw.post_feedforward_layernorm, eps);
+        Ok(h.iter()
+            .zip(&d)
+            .map(|(a, b)| (a + b) * lw.layer_scalar)
+            .collect())
+    }
+
+    /// Layer `i`'s MoE block on the residual `h` (`[S, H]`): the router, then the experts of
+    /// `pre_feedforward_layernorm_2(h)` through dispatch (the forced variant, if any).
+    pub fn moe_block(
+        &self,
+        i: usize,
+        h: &[f32],
+        trace: &mut Vec<Trace>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let (hd, eps) = (self.cfg.hidden, self.cfg.eps);
+        let (Some(mw), Some(moe)) = (&self.weights.layers[i].moe, self.cfg.moe) else {
+            return Ok(vec![0.0; h.len()]);
+        };
+        let s = h.len() / hd;
+        let (idx, weights) = self.route(h, mw, moe);
+        let xe = to_w::<W>(&normed(h, hd, &mw.pre_feedforward_layernorm_2, eps));
+        let mut m = vec![0f32; s * hd];
+        let inputs = Inputs::ExpertFfn {
+            x: &xe,
+            idx: &idx,
+            weights: &weights,
+            gate_up: &mw.experts.gate_up_proj,
+            down: &mw.experts.down_proj,
+        };
+        let shape = self.moe_shape(s, moe);
+        let forced = self.variant.as_deref();
+        run_traced(
+            &self.backend,
+            i,
+            "moe",
+            &shape,
+            &inputs,
+            &mut m,
+            forced,
+            trace,
+        )?;
+        Ok(m)
+    }
+
+    /// The router: `rms(h) * scale * H^-0.5 -> proj -> softmax (f32) -> top-k -> renormalise ->
+    /// * per_expert_scale`. Returns `idx [S, K]`, `weights [S, K]`.
+    fn route(&self, h: &[f32], mw: &MoeBlock<'_, W>, moe: Moe) -> (Vec<u32>, Vec<f32>) {
+        let hd = self.cfg.hidden;
+        let mut r = h.to_vec();
+        rms_norm(&mut r, hd, None, self.cfg.eps);
+        let k = (hd as f32).powf(-0.5);
+        r.chunks_mut(hd).for_each(|row| {
+            row.iter_mut()
+                .zip(&mw.router.scale)
+                .for_each(|(v, s)| *v = *v * s * k)
+        });
+        let s = h.len() / hd;
+        let logits = linear(&r, s, &mw.router.proj, moe.experts, hd);
+        let mut idx = Vec::with_capacity(s * moe.top_k);
+        let mut weights = Vec::with_capacity(s * moe.top_k);
+        for row in logits.chunks(moe.experts) {
+            let p = ops::softmax(row);
+            let mut order: Vec<usize> = (0..moe.experts).collect();
+            // Largest first; ties to the lower expert index (stable).
+            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+            let top = &order[..moe.top_k];
+            let sum: f32 = top.iter().map(|&e| p[e]).sum();
+            for &e in top {
+                idx.push(e as u32);
+                weights.push(p[e] / sum * mw.router.per_expert_scale[e]);
+            }
+        }
+        (idx, weights)
+    }
+
+    /// Attention of the new rows `xn` (`[S, H]`, normed) against the cache and themselves.
+    fn attention(
+        &self,
+        i: usize,
+        lw: &DecoderLayer<'_, W>,
+        xn: &[f32],
+        positions: &[usize],
+        cache: &mut LayerCache,
+    ) -> Vec<f32> {
+        let cfg = &self.cfg;
+        let layer = &cfg.layers[i];
+        let (hd, d, kv, nh, s) = (
+            cfg.hidden,
+            layer.head_dim,
+            layer.kv_heads,
+            cfg.heads,
+            positions.len(),
+        );
+        let inv = ops::inv_freq(&layer.rope, d);
+        // q, k and v (where the layer has its own) in one parallel loop.
+        let mut mats: Vec<(&[W], usize)> = vec![
+            (&lw.self_attn.q_proj, nh * d),
+            (&lw.self_attn.k_proj, kv * d),
+        ];
+        mats.extend(lw.self_attn.v_proj.as_deref().map(|wv| (wv, kv * d)));
+        let mut qkv = ops::linears(xn, s, &mats, hd).into_iter();
+        let (mut q, k_raw) = (qkv.next().expect("q"), qkv.next().expect("k"));
+        let mut v = qkv.next().unwrap_or_else(|| k_raw.clone());
+        rms_norm(&mut q, d, Some(&lw.self_attn.q_norm), cfg.eps);
+        ops::rope(&mut q, d, positions, &inv);
+        rms_norm(&mut v, d, None, cfg.eps);
+        let mut k = k_raw;
+        rms_norm(&mut k, d, Some(&lw.self_attn.k_norm), cfg.eps);
+        ops::rope(&mut k, d, positions, &inv);
+        cache.append(&k, &v, positions, kv, d);
+        let o = ops::attention(cfg, layer, &q, positions, &cache.k, &cache.v, &cache.pos);
+        if layer.attention == Attention::Sliding {
+            // Keep the last window - 1 positions: all a later query can see besides itself.
+            cache.keep_last(cfg.window.saturating_sub(1), d);
+        }
+        linear(&o, s, &lw.self_attn.o_proj, hd, nh * d)
+    }
+}

@@ -1,0 +1,143 @@
+//! The Gemma-4 forward pass. Attention, norms and the router run on the CPU; the dense MLP, the
+//! routed experts and the LM head run as generated kernels through `moek_kernels::dispatch` on the
+//! chosen backend, and every choice is recorded (`--explain` prints them). An op with no variant
+//! for that backend at the model's sizes runs on the CPU, and the record says so and why. The
+//! decoder layer is [`super::layer`].
+
+use super::config::{Config, Moe};
+use super::weights::Weights;
+use crate::forward::{Cache, CausalLm, Head, LayerCache, ModelError, Trace, run_traced};
+use crate::ops::{Float, rms_norm, to_w};
+use moek_kernels::dispatch::{self, Backend};
+use moek_kernels::{Elem, Inputs, Shape, specs};
+
+/// A model ready to run: config, weights and where its kernels run.
+#[derive(Debug)]
+pub struct Model<'c, W: Float> {
+    pub cfg: Config,
+    pub weights: Weights<'c, W>,
+    pub backend: Backend,
+    /// Force this MoE variant (an ineligible one fails before any state changes).
+    pub variant: Option<String>,
+}
+
+impl<W: Float> CausalLm for Model<'_, W> {
+    fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut Cache,
+        head: Head,
+        trace: &mut Vec<Trace>,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        // Every projection and kernel below is a parallel loop: joined from a worker, not from
+        // a sleeping caller (see `moek_cpu::pool`).
+        moek_cpu::on_pool(|| self.forward_on_pool(tokens, cache, head, trace))
+    }
+}
+
+impl<W: Float> Model<'_, W> {
+    fn forward_on_pool(
+        &self,
+        tokens: &[u32],
+        cache: &mut Cache,
+        head: Head,
+        trace: &mut Vec<Trace>,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let cfg = &self.cfg;
+        let (h, s) = (cfg.hidden, tokens.len());
+        if s == 0 {
+            return Err(ModelError::Empty);
+        }
+        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= cfg.vocab) {
+            return Err(ModelError::Token {
+                token,
+                vocab: cfg.vocab,
+            });
+        }
+        let softcap = cfg.softcap.ok_or(ModelError::NoSoftcap)?;
+        // A forced variant is checked before anything changes.
+        if let (Some(name), Some(moe)) = (&self.variant, cfg.moe) {
+            let shape = self.moe_shape(s, moe);
+            dispatch::choose(
+                specs::all(),
+                &self.backend,
+                moek_kernels::ir::Op::ExpertFfn,
+                W::DTYPE,
+                &shape,
+                Some(name),
+            )
+            .map_err(|source| ModelError::Kernel {
+                layer: 0,
+                what: "moe",
+                source,
+            })?;
+        }
+        let positions: Vec<usize> = (cache.len..cache.len + s).collect();
+        // Embedding, scaled by sqrt(H) cast to the weight dtype (as the reference does).
+        let scale = round::<W>((h as f32).sqrt());
+        let mut x: Vec<f32> = tokens
+            .iter()
+            .flat_map(|&t| {
+                let row = &self.weights.embed_tokens[t as usize * h..(t as usize + 1) * h];
+                row.iter()
+                    .map(move |&e| round::<W>(Elem::to_f32(e) * scale))
+            })
+            .collect();
+        if cache.layers.is_empty() {
+            cache.layers = vec![LayerCache::default(); cfg.layers.len()];
+        }
+        for (i, lw) in self.weights.layers.iter().enumerate() {
+            x = self.layer(i, lw, &x, &positions, &mut cache.layers[i], trace)?;
+        }
+        cache.len += s;
+        rms_norm(&mut x, h, Some(&self.weights.norm), cfg.eps);
+        let rows: Vec<usize> = match head {
+            Head::Last => vec![s - 1],
+            Head::All => (0..s).collect(),
+        };
+        rows.into_iter()
+            .map(|r| {
+                let hidden = to_w::<W>(&x[r * h..(r + 1) * h]);
+                let shape = Shape {
+                    t: 1,
+                    h,
+                    v: cfg.vocab,
+                    ..Shape::default()
+                };
+                let inputs = Inputs::LmHeadRow {
+                    hidden: &hidden,
+                    emb: self.weights.head(),
+                    softcap,
+                };
+                let mut logits = vec![0f32; cfg.vocab];
+                run_traced(
+                    &self.backend,
+                    usize::MAX,
+                    "lm_head",
+                    &shape,
+                    &inputs,
+                    &mut logits,
+                    None,
+                    trace,
+                )?;
+                Ok(logits)
+            })
+            .collect()
+    }
+
+    pub(super) fn moe_shape(&self, t: usize, moe: Moe) -> Shape {
+        Shape {
+            t,
+            r: moe.top_k,
+            e: moe.experts,
+            h: self.cfg.hidden,
+            f: moe.intermediate,
+            v: 0,
+        }
+    }
+}
+
+/// `v` rounded to the storage dtype and back.
+pub(super) fn round<W: Float>(v: f32) -> f32 {
+    Elem::to_f32(<W as Elem>::from_f32(v))
+}

@@ -1,0 +1,320 @@
+//! The weights of a Gemma-4 text model, each field named after its checkpoint key (candle's
+//! habit: `layers.{i}.self_attn.q_proj.weight` is `layers[i].self_attn.q_proj`). Large matrices
+//! stay in the storage dtype `W`; norms and scales are f32.
+//!
+//! [`build`] is the one table of the model's tensors (key, shape, field): loading from a
+//! checkpoint, drawing the tiny model and writing a checkpoint are each a [`Source`] it reads.
+
+use crate::checkpoint::{Checkpoint, LoadError, Residence, dtype_of};
+use crate::gemma4::config::{Config, Moe};
+use moek_kernels::Elem;
+use safetensors::Dtype;
+use safetensors::tensor::TensorView;
+use std::borrow::Cow;
+use std::path::Path;
+
+/// `self_attn.*`.
+#[derive(Debug)]
+pub struct SelfAttn<'c, W: Clone> {
+    pub q_proj: Cow<'c, [W]>,
+    pub k_proj: Cow<'c, [W]>,
+    /// Absent on `k_eq_v` layers (V is the K projection).
+    pub v_proj: Option<Cow<'c, [W]>>,
+    pub o_proj: Cow<'c, [W]>,
+    pub q_norm: Vec<f32>,
+    pub k_norm: Vec<f32>,
+}
+
+/// `mlp.*`: the dense MLP beside the experts.
+#[derive(Debug)]
+pub struct Mlp<'c, W: Clone> {
+    pub gate_proj: Cow<'c, [W]>,
+    pub up_proj: Cow<'c, [W]>,
+    pub down_proj: Cow<'c, [W]>,
+}
+
+/// `router.*`.
+#[derive(Debug)]
+pub struct Router<'c, W: Clone> {
+    /// `[E, H]`.
+    pub proj: Cow<'c, [W]>,
+    pub scale: Vec<f32>,
+    pub per_expert_scale: Vec<f32>,
+}
+
+/// `experts.*`.
+#[derive(Debug)]
+pub struct Experts<'c, W: Clone> {
+    /// `[E, 2F, H]`, gate rows first: the layout every MoE variant reads in place.
+    pub gate_up_proj: Cow<'c, [W]>,
+    /// `[E, H, F]`.
+    pub down_proj: Cow<'c, [W]>,
+}
+
+/// A layer's MoE block: its router, experts and the three norms around them.
+#[derive(Debug)]
+pub struct MoeBlock<'c, W: Clone> {
+    pub pre_feedforward_layernorm_2: Vec<f32>,
+    pub post_feedforward_layernorm_1: Vec<f32>,
+    pub post_feedforward_layernorm_2: Vec<f32>,
+    pub router: Router<'c, W>,
+    pub experts: Experts<'c, W>,
+}
+
+/// `layers.{i}.*`.
+#[derive(Debug)]
+pub struct DecoderLayer<'c, W: Clone> {
+    pub input_layernorm: Vec<f32>,
+    pub post_attention_layernorm: Vec<f32>,
+    pub pre_feedforward_layernorm: Vec<f32>,
+    pub post_feedforward_layernorm: Vec<f32>,
+    pub self_attn: SelfAttn<'c, W>,
+    pub mlp: Mlp<'c, W>,
+    pub moe: Option<MoeBlock<'c, W>>,
+    pub layer_scalar: f32,
+}
+
+/// The whole text model.
+#[derive(Debug)]
+pub struct Weights<'c, W: Clone> {
+    /// `[V, H]`: the embedding, and the LM head (tied).
+    pub embed_tokens: Cow<'c, [W]>,
+    /// An untied `lm_head.weight`, when the checkpoint has one.
+    pub lm_head: Option<Cow<'c, [W]>>,
+    /// The final norm (`norm.weight`).
+    pub norm: Vec<f32>,
+    pub layers: Vec<DecoderLayer<'c, W>>,
+}
+
+impl<W: Clone> Weights<'_, W> {
+    /// The LM head matrix `[V, H]`.
+    pub fn head(&self) -> &[W] {
+        self.lm_head.as_deref().unwrap_or(&self.embed_tokens)
+    }
+
+    /// Bytes of every weight matrix (norms and scales are f32 vectors, left out).
+    pub fn bytes(&self) -> usize {
+        let mut n = self.embed_tokens.len() + self.lm_head.as_ref().map_or(0, |h| h.len());
+        for l in &self.layers {
+            let (a, m) = (&l.self_attn, &l.mlp);
+            n += [
+                &a.q_proj,
+                &a.k_proj,
+                &a.o_proj,
+                &m.gate_proj,
+                &m.up_proj,
+                &m.down_proj,
+            ]
+            .iter()
+            .map(|m| m.len())
+            .sum::<usize>();
+            n += a.v_proj.as_ref().map_or(0, |v| v.len());
+            if let Some(m) = &l.moe {
+                n += m.router.proj.len() + m.experts.gate_up_proj.len() + m.experts.down_proj.len();
+            }
+        }
+        n * std::mem::size_of::<W>()
+    }
+}
+
+/// `model.NAME` and `model.language_model.NAME` (text-only and multimodal checkpoints).
+pub fn names(suffix: &str) -> Vec<String> {
+    vec![
+        format!("model.{suffix}"),
+        format!("model.language_model.{suffix}"),
+    ]
+}
+
+/// Where [`build`] gets each tensor. `names` are a tensor's checkpoint names, the one to write
+/// first; `shape` what the config says it is.
+pub trait Source<'c, W: Clone> {
+    /// A weight matrix in `W`.
+    fn matrix(&mut self, names: &[String], shape: &[usize]) -> Result<Cow<'c, [W]>, LoadError>;
+    /// A norm or scale vector, in f32.
+    fn vector(&mut self, names: &[String], shape: &[usize]) -> Result<Vec<f32>, LoadError>;
+    /// Whether an optional tensor is present.
+    fn has(&self, names: &[String]) -> bool;
+}
+
+/// The model's tensors, in one table: what `cfg` needs, by checkpoint key and shape, read from
+/// `src`; `progress` is called after each layer. (Within each kind, matrices and vectors, the
+/// order is the tiny model's draw order.)
+pub fn build<'c, W: Clone>(
+    src: &mut impl Source<'c, W>,
+    cfg: &Config,
+    mut progress: impl FnMut(usize),
+) -> Result<Weights<'c, W>, LoadError> {
+    let (h, v, ff) = (cfg.hidden, cfg.vocab, cfg.intermediate);
+    let embed_tokens = src.matrix(&names("embed_tokens.weight"), &[v, h])?;
+    let norm = src.vector(&names("norm.weight"), &[h])?;
+    let head = vec!["lm_head.weight".to_string()];
+    let lm_head = match src.has(&head) {
+        true => Some(src.matrix(&head, &[v, h])?),
+        false => None,
+    };
+    let mut layers = vec![];
+    for (i, l) in cfg.layers.iter().enumerate() {
+        let key = |s: &str| names(&format!("layers.{i}.{s}"));
+        let (d, kv, nh) = (l.head_dim, l.kv_heads, cfg.heads);
+        let moe = match cfg.moe {
+            None => None,
+            Some(Moe {
+                experts: e,
+                intermediate: f,
+                ..
+            }) => Some(MoeBlock {
+                pre_feedforward_layernorm_2: src
+                    .vector(&key("pre_feedforward_layernorm_2.weight"), &[h])?,
+                post_feedforward_layernorm_1: src
+                    .vector(&key("post_feedforward_layernorm_1.weight"), &[h])?,
+                post_feedforward_layernorm_2: src
+                    .vector(&key("post_feedforward_layernorm_2.weight"), &[h])?,
+                router: Router {
+                    proj: src.matrix(&key("router.proj.weight"), &[e, h])?,
+                    scale: src.vector(&key("router.scale"), &[h])?,
+                    per_expert_scale: src.vector(&key("router.per_expert_scale"), &[e])?,
+                },
+                experts: Experts {
+                    gate_up_proj: src.matrix(&key("experts.gate_up_proj"), &[e, 2 * f, h])?,
+                    down_proj: src.matrix(&key("experts.down_proj"), &[e, h, f])?,
+                },
+            }),
+        };
+        layers.push(DecoderLayer {
+            input_layernorm: src.vector(&key("input_layernorm.weight"), &[h])?,
+            post_attention_layernorm: src.vector(&key("post_attention_layernorm.weight"), &[h])?,
+            pre_feedforward_layernorm: src
+                .vector(&key("pre_feedforward_layernorm.weight"), &[h])?,
+            post_feedforward_layernorm: src
+                .vector(&key("post_feedforward_layernorm.weight"), &[h])?,
+            self_attn: SelfAttn {
+                q_proj: src.matrix(&key("self_attn.q_proj.weight"), &[nh * d, h])?,
+                k_proj: src.matrix(&key("self_attn.k_proj.weight"), &[kv * d, h])?,
+                v_proj: match l.k_eq_v {
+                    true => None,
+                    false => Some(src.matrix(&key("self_attn.v_proj.weight"), &[kv * d, h])?),
+                },
+                o_proj: src.matrix(&key("self_attn.o_proj.weight"), &[h, nh * d])?,
+                q_norm: src.vector(&key("self_attn.q_norm.weight"), &[d])?,
+                k_norm: src.vector(&key("self_attn.k_norm.weight"), &[d])?,
+            },
+            mlp: Mlp {
+                gate_proj: src.matrix(&key("mlp.gate_proj.weight"), &[ff, h])?,
+                up_proj: src.matrix(&key("mlp.up_proj.weight"), &[ff, h])?,
+                down_proj: src.matrix(&key("mlp.down_proj.weight"), &[h, ff])?,
+            },
+            moe,
+            layer_scalar: src.vector(&key("layer_scalar"), &[1])?[0],
+        });
+        progress(i + 1);
+    }
+    Ok(Weights {
+        embed_tokens,
+        lm_head,
+        norm,
+        layers,
+    })
+}
+
+/// Reads a checkpoint, checking names, shapes and dtypes; matrices live where `residence` says.
+#[derive(Debug)]
+pub struct FromCheckpoint<'c> {
+    pub checkpoint: &'c Checkpoint,
+    pub residence: Residence,
+}
+
+impl<'c, W: Elem> Source<'c, W> for FromCheckpoint<'c> {
+    fn matrix(&mut self, names: &[String], shape: &[usize]) -> Result<Cow<'c, [W]>, LoadError> {
+        self.checkpoint.matrix::<W>(names, shape, self.residence)
+    }
+    fn vector(&mut self, names: &[String], shape: &[usize]) -> Result<Vec<f32>, LoadError> {
+        self.checkpoint.f32s(names, shape)
+    }
+    fn has(&self, names: &[String]) -> bool {
+        self.checkpoint.has(names)
+    }
+}
+
+/// Loads every weight `cfg` needs from `ck` ([`build`] over [`FromCheckpoint`]).
+pub fn load<'c, W: Elem>(
+    ck: &'c Checkpoint,
+    cfg: &Config,
+    residence: Residence,
+    progress: impl FnMut(usize),
+) -> Result<Weights<'c, W>, LoadError> {
+    let mut src = FromCheckpoint {
+        checkpoint: ck,
+        residence,
+    };
+    build(&mut src, cfg, progress)
+}
+
+/// Passes another source's tensors through and keeps each, to write them out (the weights
+/// [`build`] returns from it are empty).
+struct Recorder<S, W> {
+    inner: S,
+    tensors: Vec<(String, Vec<usize>, Data<W>)>,
+}
+
+enum Data<W> {
+    Matrix(Vec<W>),
+    Vector(Vec<f32>),
+}
+
+impl<W: Elem, S: Source<'static, W>> Source<'static, W> for Recorder<S, W> {
+    fn matrix(
+        &mut self,
+        names: &[String],
+        shape: &[usize],
+    ) -> Result<Cow<'static, [W]>, LoadError> {
+        let m = self.inner.matrix(names, shape)?.into_owned();
+        self.tensors
+            .push((names[0].clone(), shape.to_vec(), Data::Matrix(m)));
+        Ok(Cow::Owned(Vec::new()))
+    }
+    fn vector(&mut self, names: &[String], shape: &[usize]) -> Result<Vec<f32>, LoadError> {
+        let v = self.inner.vector(names, shape)?;
+        self.tensors
+            .push((names[0].clone(), shape.to_vec(), Data::Vector(v.clone())));
+        Ok(v)
+    }
+    fn has(&self, names: &[String]) -> bool {
+        self.inner.has(names)
+    }
+}
+
+/// Writes the tensors `src` gives for `cfg` to `path` as one safetensors file, under the names
+/// [`load`] reads (the text-only `model.` layout; matrices in `W`, norms and scales in f32). The
+/// model bench writes its random weights with it to time decode from a real file.
+pub fn save<W: Elem>(
+    src: impl Source<'static, W>,
+    cfg: &Config,
+    path: &Path,
+) -> Result<(), LoadError> {
+    let mut rec = Recorder {
+        inner: src,
+        tensors: vec![],
+    };
+    build(&mut rec, cfg, |_| {})?;
+    let format = |why: String| LoadError::Format {
+        path: path.to_path_buf(),
+        why,
+    };
+    let views = rec
+        .tensors
+        .iter()
+        .map(|(name, shape, data)| {
+            let (dtype, bytes) = match data {
+                Data::Matrix(m) => (dtype_of::<W>(), bytemuck::cast_slice::<W, u8>(m)),
+                Data::Vector(v) => (Dtype::F32, bytemuck::cast_slice::<f32, u8>(v)),
+            };
+            match TensorView::new(dtype, shape.clone(), bytes) {
+                Ok(view) => Ok((name.as_str(), view)),
+                Err(e) => Err(format(format!(
+                    "`{name}` does not match its config shape: {e}"
+                ))),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    safetensors::serialize_to_file(views, None, path).map_err(|e| format(e.to_string()))
+}
