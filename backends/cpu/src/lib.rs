@@ -18,6 +18,7 @@ pub mod isa;
 pub mod memory;
 pub mod pool;
 pub mod schedule;
+pub mod scratch;
 
 pub use activation::{gelu_tanh, silu, softcap, softcap_slice};
 pub use axpy::axpy;
@@ -27,5 +28,7 @@ pub use gemm::gemm_nt;
 pub use isa::{Isa, isa};
 pub use pool::on_pool;
 pub use schedule::{
-    Grid, SharedOut, clip, dense_routes, gather_rows, group_by_expert, matvec_segments, part,
+    Grid, SharedOut, clip, dense_routes, gather_rows, gather_rows_into, group_by_expert,
+    matvec_segments, part,
 };
+pub use scratch::Scratch;

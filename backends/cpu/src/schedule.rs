@@ -166,3 +166,15 @@ pub fn gather_rows<W: Element>(
         .flat_map(|r| src[r * width..(r + 1) * width].iter().copied())
         .collect()
 }
+
+/// Rows `rows` of a `[_, width]` matrix copied into `dst`, one after another.
+pub fn gather_rows_into<W: Element>(
+    dst: &mut [W],
+    src: &[W],
+    width: usize,
+    rows: impl IntoIterator<Item = usize>,
+) {
+    for (d, r) in dst.chunks_exact_mut(width).zip(rows) {
+        d.copy_from_slice(&src[r * width..(r + 1) * width]);
+    }
+}

@@ -538,20 +538,23 @@ fn grouped(k: &Kernel) -> TokenStream {
                     return;
                 }
                 let n = slots.len();
-                let xs = cpu::gather_rows(x, h_n, slots.iter().map(|s| s / r_n));
+                // This worker's scratch, reused from one expert to the next.
+                let mut xs = cpu::Scratch::<W>::zeroed(n * h_n);
+                cpu::gather_rows_into(&mut xs, x, h_n, slots.iter().map(|s| s / r_n));
                 let bank_gu = &gate_up[e * 2 * f_n * h_n..(e + 1) * 2 * f_n * h_n];
                 let bank_dn = &down[e * h_n * f_n..(e + 1) * h_n * f_n];
-                let mut gu = vec![0f32; n * 2 * f_n];
+                let mut gu = cpu::Scratch::<f32>::zeroed(n * 2 * f_n);
                 for &(s0, s1) in h_blocks {
                     cpu::gemm_nt(&xs[s0..], h_n, &bank_gu[s0..], h_n, &mut gu, 2 * f_n, n, 2 * f_n, s1 - s0);
                 }
-                let aw: Vec<W> = (0..n * f_n)
-                    .map(|i| {
-                        let (row, j) = (i / f_n, i % f_n);
-                        W::from_f32(#act(gu[row * 2 * f_n + j]) * gu[row * 2 * f_n + f_n + j])
-                    })
-                    .collect();
-                let mut y = vec![0f32; n * h_n];
+                let mut aw = cpu::Scratch::<W>::zeroed(n * f_n);
+                for (row, a) in aw.chunks_exact_mut(f_n).enumerate() {
+                    let g = &gu[row * 2 * f_n..][..2 * f_n];
+                    for j in 0..f_n {
+                        a[j] = W::from_f32(#act(g[j]) * g[f_n + j]);
+                    }
+                }
+                let mut y = cpu::Scratch::<f32>::zeroed(n * h_n);
                 for &(c0, c1) in h_cols {
                     for &(s0, s1) in f_blocks {
                         cpu::gemm_nt(&aw[s0..], f_n, &bank_dn[c0 * f_n + s0..], f_n, &mut y[c0..], h_n, n, c1 - c0, s1 - s0);
