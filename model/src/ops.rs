@@ -140,11 +140,13 @@ pub fn rope(x: &mut [f32], d: usize, positions: &[usize], inv: &[f32]) {
 
 /// Causal attention of `s` new queries (`q` `[s, heads, d]`, positions `qpos`) over `n` keys and
 /// values held by KV head (`k[g]`, `v[g]` `[n, d]`, positions `kpos`), score scale 1, softmax in
-/// f32; a sliding layer sees keys with `0 <= q - k < window`. Returns `[s, heads * d]`.
+/// f32; a sliding layer sees keys with `0 <= q - k < window`. Both position lists ascend (the
+/// cache appends in order). Returns `[s, heads * d]`.
 ///
 /// Work goes by KV head and block of query rows, so the heads sharing a KV head read its keys
 /// and values once, as one contiguous run: the block's query rows of all those heads are one
-/// matrix, scored against every key as one GEMM, masked to `-inf` where invisible (probability
+/// matrix, scored against every key up to the block's last position as one GEMM (a prompt's
+/// later keys are invisible to the whole block), masked to `-inf` where invisible (probability
 /// exactly 0), softmaxed by row, then multiplied by the values: a GEMM against the values
 /// transposed once per call, or a sum of scaled value rows when the rows are too few to pay for
 /// the transpose (decode).
@@ -159,6 +161,10 @@ pub fn attention(
 ) -> Vec<f32> {
     let (d, kv, heads) = (layer.head_dim, layer.kv_heads, cfg.heads);
     let (s, n) = (qpos.len(), kpos.len());
+    debug_assert!(
+        kpos.is_sorted() && qpos.is_sorted(),
+        "attention: positions in order"
+    );
     assert!(
         k.len() == kv && v.len() == kv,
         "attention: {kv} KV heads expected"
@@ -195,9 +201,14 @@ pub fn attention(
                 .flat_map(|i| &q[((q0 + i) * heads + g * group) * d..][..group * d])
                 .copied()
                 .collect();
-            let mut sc = vec![0f32; rows * n];
-            moek_cpu::gemm_nt(&qg, d, &k[g], d, &mut sc, n, rows, n, d);
-            for (r, row) in sc.chunks_mut(n).enumerate() {
+            // Keys after the block's last query are masked on every row (causal): they are not
+            // computed. Keys are in position order (the cache appends in order), so they are a
+            // suffix; every sum runs in the same order with or without them (they add exact
+            // zeros at the end), so the result is the same bit for bit.
+            let nv = kpos.partition_point(|&kp| kp <= qpos[q0 + qs - 1]);
+            let mut sc = vec![0f32; rows * nv];
+            moek_cpu::gemm_nt(&qg, d, &k[g], d, &mut sc, nv, rows, nv, d);
+            for (r, row) in sc.chunks_mut(nv).enumerate() {
                 let p = qpos[q0 + r / group];
                 for (x, &kp) in row.iter_mut().zip(kpos) {
                     if !visible(p, kp) {
@@ -208,10 +219,10 @@ pub fn attention(
             }
             let mut o = vec![0f32; rows * d];
             match &vt {
-                Some(vt) => moek_cpu::gemm_nt(&sc, n, &vt[g], n, &mut o, d, rows, d, n),
+                Some(vt) => moek_cpu::gemm_nt(&sc, nv, &vt[g], n, &mut o, d, rows, d, nv),
                 None => {
-                    for (j, vj) in v[g].chunks(d).enumerate() {
-                        for (orow, probs) in o.chunks_mut(d).zip(sc.chunks(n)) {
+                    for (j, vj) in v[g].chunks(d).take(nv).enumerate() {
+                        for (orow, probs) in o.chunks_mut(d).zip(sc.chunks(nv)) {
                             if probs[j] > 0.0 {
                                 moek_cpu::axpy(probs[j], vj, orow);
                             }
