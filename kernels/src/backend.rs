@@ -32,7 +32,6 @@ pub struct Modeled {
 
 #[cfg(feature = "spyre")]
 impl Modeled {
-    #[cfg_attr(not(feature = "spyre"), allow(dead_code))]
     fn of(c: &moek_spyre::Cost) -> Self {
         let dominant = c
             .phases

@@ -28,7 +28,6 @@ pub use gemm::gemm_nt;
 pub use isa::{Isa, isa};
 pub use pool::on_pool;
 pub use schedule::{
-    Grid, SharedOut, clip, dense_routes, gather_rows, gather_rows_into, group_by_expert,
-    matvec_segments, part,
+    Grid, SharedOut, clip, dense_routes, gather_rows_into, group_by_expert, matvec_segments, part,
 };
 pub use scratch::Scratch;

@@ -156,17 +156,6 @@ pub fn dense_routes(
     dense
 }
 
-/// Rows `rows` of a `[_, width]` matrix copied into one contiguous buffer.
-pub fn gather_rows<W: Element>(
-    src: &[W],
-    width: usize,
-    rows: impl IntoIterator<Item = usize>,
-) -> Vec<W> {
-    rows.into_iter()
-        .flat_map(|r| src[r * width..(r + 1) * width].iter().copied())
-        .collect()
-}
-
 /// Rows `rows` of a `[_, width]` matrix copied into `dst`, one after another.
 pub fn gather_rows_into<W: Element>(
     dst: &mut [W],

@@ -488,7 +488,8 @@ fn dense_persistent(k: &Kernel) -> TokenStream {
             let rows_of = |tr: ::core::ops::Range<usize>| {
                 active.partition_point(|&t| t < tr.start)..active.partition_point(|&t| t < tr.end)
             };
-            let xs = cpu::gather_rows(x, h_n, active.iter().copied());
+            let mut xs = cpu::Scratch::<W>::zeroed(n * h_n);
+            cpu::gather_rows_into(&mut xs, x, h_n, active.iter().copied());
             let bank_gu = &gate_up[e * 2 * f_n * h_n..(e + 1) * 2 * f_n * h_n];
             let bank_dn = &down[e * h_n * f_n..(e + 1) * h_n * f_n];
             #gu
