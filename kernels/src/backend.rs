@@ -2,6 +2,7 @@
 //! name, whether this build has it, its capabilities, the tolerance its results are held to, and
 //! how it binds inputs and runs a variant), and [`run`], the one place a target picks its runtime.
 
+use crate::dispatch::Backend;
 use crate::elem::Elem;
 use crate::inputs::Inputs;
 use crate::registry::KernelEntry;
@@ -16,6 +17,70 @@ pub struct Ran {
     pub argmax: Option<u32>,
     /// The cost model's figures, for a simulated backend.
     pub modeled: Option<Modeled>,
+    /// What the run sent from the host to a device, for a device backend.
+    pub uploaded: Option<Uploaded>,
+}
+
+/// Bytes sent from the host to a device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Uploaded {
+    /// Weight tensors (none once they are resident).
+    pub weights: u64,
+    /// Everything else: activations, routes and the outputs' initial contents.
+    pub other: u64,
+}
+
+impl std::ops::Sub for Uploaded {
+    type Output = Uploaded;
+    fn sub(self, before: Uploaded) -> Uploaded {
+        Uploaded {
+            weights: self.weights - before.weights,
+            other: self.other - before.other,
+        }
+    }
+}
+
+impl std::ops::AddAssign for Uploaded {
+    fn add_assign(&mut self, o: Uploaded) {
+        self.weights += o.weights;
+        self.other += o.other;
+    }
+}
+
+/// Weights kept on the device across runs, shared by every clone of the [`Backend`] that holds
+/// it (see [`Backend::with_resident_weights`]). The wgpu session is opened on first use.
+#[derive(Clone, Default)]
+pub struct Resident {
+    #[cfg(feature = "wgpu")]
+    session: std::sync::Arc<std::sync::Mutex<Option<crate::wgpu::Session<'static>>>>,
+}
+
+impl Resident {
+    /// Whether `self` and `other` are the same kept weights.
+    pub fn same(&self, other: &Resident) -> bool {
+        #[cfg(feature = "wgpu")]
+        return std::sync::Arc::ptr_eq(&self.session, &other.session);
+        #[cfg(not(feature = "wgpu"))]
+        {
+            let _ = other;
+            true
+        }
+    }
+
+    /// Bytes uploaded through it so far.
+    pub fn uploaded(&self) -> Uploaded {
+        #[cfg(feature = "wgpu")]
+        if let Some(s) = &*self.session.lock().unwrap_or_else(|e| e.into_inner()) {
+            return s.uploaded();
+        }
+        Uploaded::default()
+    }
+}
+
+impl std::fmt::Debug for Resident {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Resident({:?})", self.uploaded())
+    }
 }
 
 /// The Spyre cost model's figures for one run.
@@ -59,8 +124,10 @@ pub trait Runtime {
     fn tolerance(dtype: DType) -> Tolerance {
         tolerance(dtype)
     }
-    /// Binds `inputs` and runs `entry`'s variant, writing `out`. Shapes and inputs were checked.
+    /// Binds `inputs` and runs `entry`'s variant on `backend` (this target, with any weights it
+    /// keeps resident), writing `out`. Shapes and inputs were checked.
     fn run<W: Elem>(
+        backend: &Backend,
         entry: &KernelEntry,
         shape: &Shape,
         inputs: &Inputs<'_, W>,
@@ -91,6 +158,7 @@ impl Runtime for Cpu {
     }
 
     fn run<W: Elem>(
+        _: &Backend,
         entry: &KernelEntry,
         shape: &Shape,
         inputs: &Inputs<'_, W>,
@@ -105,7 +173,7 @@ impl Runtime for Cpu {
         })?;
         Ok(Ran {
             argmax: f(shape, inputs, out),
-            modeled: None,
+            ..Ran::default()
         })
     }
 }
@@ -137,6 +205,7 @@ impl Runtime for Spyre {
 
     #[allow(unused_variables)]
     fn run<W: Elem>(
+        _: &Backend,
         entry: &KernelEntry,
         shape: &Shape,
         inputs: &Inputs<'_, W>,
@@ -148,8 +217,8 @@ impl Runtime for Spyre {
             let run = crate::spyre::run(k, shape, inputs, out, moek_spyre::Mode::Dl16)
                 .map_err(|e| format!("`{}` on spyre: {e}", k.name))?;
             Ok(Ran {
-                argmax: None,
                 modeled: Some(Modeled::of(&run.cost)),
+                ..Ran::default()
             })
         }
         #[cfg(not(feature = "spyre"))]
@@ -186,8 +255,11 @@ impl Runtime for Wgpu {
         capabilities
     }
 
+    /// A backend with resident weights runs in its one session (uploading each weight once);
+    /// otherwise every run opens a session of its own and uploads every tensor.
     #[allow(unused_variables)]
     fn run<W: Elem>(
+        backend: &Backend,
         entry: &KernelEntry,
         shape: &Shape,
         inputs: &Inputs<'_, W>,
@@ -195,13 +267,31 @@ impl Runtime for Wgpu {
     ) -> Result<Ran, String> {
         #[cfg(feature = "wgpu")]
         {
+            use crate::wgpu::{Session, WgpuError};
             let k = entry.ir();
-            let argmax = crate::wgpu::run(k, shape, inputs, out)
-                .map_err(|e| format!("`{}` on wgpu: {e}", k.name))?;
-            Ok(Ran {
-                argmax,
-                modeled: None,
-            })
+            let run = |s: &mut Session<'_>, out: &mut [f32]| {
+                let before = s.uploaded();
+                let argmax = s.run(k, shape, inputs, out)?;
+                Ok::<_, WgpuError>(Ran {
+                    argmax,
+                    uploaded: Some(s.uploaded() - before),
+                    ..Ran::default()
+                })
+            };
+            let ran = match &backend.resident {
+                Some(r) => {
+                    // A poisoned lock only means another thread's run panicked; the session's
+                    // kept tensors are whole (each is inserted after its upload completes).
+                    let mut held = r.session.lock().unwrap_or_else(|e| e.into_inner());
+                    let session = match &mut *held {
+                        Some(s) => s,
+                        None => held.insert(Session::resident().map_err(|e| e.to_string())?),
+                    };
+                    run(session, out)
+                }
+                None => Session::new().and_then(|mut s| run(&mut s, out)),
+            };
+            ran.map_err(|e| format!("`{}` on wgpu: {e}", k.name))
         }
         #[cfg(not(feature = "wgpu"))]
         Err(not_compiled(Target::Wgpu))
@@ -213,18 +303,18 @@ fn not_compiled(target: Target) -> String {
     format!("the {target} backend is not part of this build (cargo feature `{target}`)")
 }
 
-/// Runs `entry`'s variant on `target`'s runtime.
+/// Runs `entry`'s variant on `backend`'s runtime.
 pub fn run<W: Elem>(
-    target: Target,
+    backend: &Backend,
     entry: &KernelEntry,
     shape: &Shape,
     inputs: &Inputs<'_, W>,
     out: &mut [f32],
 ) -> Result<Ran, String> {
-    match target {
-        Target::Cpu => Cpu::run(entry, shape, inputs, out),
-        Target::Spyre => Spyre::run(entry, shape, inputs, out),
-        Target::Wgpu => Wgpu::run(entry, shape, inputs, out),
+    match backend.target {
+        Target::Cpu => Cpu::run(backend, entry, shape, inputs, out),
+        Target::Spyre => Spyre::run(backend, entry, shape, inputs, out),
+        Target::Wgpu => Wgpu::run(backend, entry, shape, inputs, out),
     }
 }
 

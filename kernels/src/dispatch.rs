@@ -14,12 +14,26 @@ use moek_ir::{Activation, Capability, DType, Kernel, Op, Target};
 use std::fmt;
 use thiserror::Error;
 
-/// A backend as dispatch sees it: its target and the capabilities it provides.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A backend as dispatch sees it: its target and the capabilities it provides, and the weights
+/// it keeps on its device, if it keeps any.
+#[derive(Clone, Debug)]
 pub struct Backend {
     pub target: Target,
     pub capabilities: Vec<Capability>,
+    pub resident: Option<backend::Resident>,
 }
+
+impl PartialEq for Backend {
+    fn eq(&self, o: &Backend) -> bool {
+        let resident = match (&self.resident, &o.resident) {
+            (Some(a), Some(b)) => a.same(b),
+            (a, b) => a.is_none() && b.is_none(),
+        };
+        self.target == o.target && self.capabilities == o.capabilities && resident
+    }
+}
+
+impl Eq for Backend {}
 
 impl Backend {
     /// The CPU ([`backend::Cpu`]).
@@ -42,7 +56,20 @@ impl Backend {
         Backend {
             target,
             capabilities: backend::capabilities(target),
+            resident: None,
         }
+    }
+
+    /// The same backend keeping every weight it runs on its device, uploaded once and shared by
+    /// this backend's clones (on wgpu; other targets read host memory and ignore it). Weights
+    /// are recognised by address and length, so every weight slice run through it must stay
+    /// allocated and unchanged while it (or a clone) is in use: a loaded model's weights,
+    /// owned beside it and read-only, are; a test's freshly drawn ones are not.
+    pub fn with_resident_weights(mut self) -> Backend {
+        if self.target == Target::Wgpu {
+            self.resident = Some(backend::Resident::default());
+        }
+        self
     }
 
     /// The same backend without one capability (to exercise fallbacks).
@@ -351,15 +378,13 @@ pub fn run<W: Elem>(
     inputs: &Inputs<'_, W>,
     out: &mut [f32],
     requested: Option<&str>,
-) -> Result<(Choice, Option<u32>), DispatchError> {
+) -> Result<(Choice, backend::Ran), DispatchError> {
     let choice = choose(entries, backend, inputs.op(), W::DTYPE, shape, requested)?;
     inputs.validate(shape, out.len())?;
     let entry = entries
         .iter()
         .find(|e| e.name() == choice.kernel)
         .expect("chosen from entries");
-    let ran =
-        backend::run(backend.target, entry, shape, inputs, out).map_err(DispatchError::Backend)?;
-    let result = ran.argmax;
-    Ok((choice, result))
+    let ran = backend::run(backend, entry, shape, inputs, out).map_err(DispatchError::Backend)?;
+    Ok((choice, ran))
 }

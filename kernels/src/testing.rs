@@ -326,7 +326,10 @@ fn run_case<W: Elem>(
                 .validate(shape, out.len())
                 .expect("the harness builds well-formed inputs");
             let start = Instant::now();
-            let Ran { argmax, modeled } = backend::run(target, entry, shape, &inputs, &mut out)?;
+            let on = crate::Backend::of(target);
+            let Ran {
+                argmax, modeled, ..
+            } = backend::run(&on, entry, shape, &inputs, &mut out)?;
             let seconds = start.elapsed().as_secs_f64();
             let (deviation, argmax_ok) = case.compare(k.activation, &out, argmax, seed);
             // A GPU variant is also held to the CPU variant of the same spec, element by element,

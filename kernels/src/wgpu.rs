@@ -4,7 +4,10 @@
 //! A [`Session`] keeps weights on the device: slices registered with [`Session::keep`] are
 //! uploaded on first use and shared by every later run (prefill and decode read the same banks).
 //! They are borrowed for the session's lifetime, so they cannot change or be freed under it.
+//! [`Session::resident`] keeps every weight it is given, for an owner whose weights outlive it
+//! unchanged (a loaded model, through [`crate::Backend::with_resident_weights`]).
 
+use crate::backend::Uploaded;
 use crate::elem::Elem;
 use crate::inputs::Inputs;
 use moek_dsl::emit::wgsl::{self, WgslError};
@@ -60,9 +63,12 @@ pub fn run<W: Elem>(
 pub struct Session<'w> {
     gpu: &'static Gpu,
     kept: HashSet<(usize, usize)>,
+    /// Keep every weight, not only the `kept` ones.
+    keep_all: bool,
     /// Uploaded kept weights by (address, bytes, chunk rows).
     resident: HashMap<(usize, usize, usize), Arc<GpuTensor>>,
     weight_uploads: usize,
+    uploaded: Uploaded,
     _weights: PhantomData<&'w [u8]>,
 }
 
@@ -71,9 +77,22 @@ impl<'w> Session<'w> {
         Ok(Session {
             gpu: Gpu::shared()?,
             kept: HashSet::new(),
+            keep_all: false,
             resident: HashMap::new(),
             weight_uploads: 0,
+            uploaded: Uploaded::default(),
             _weights: PhantomData,
+        })
+    }
+
+    /// A session that keeps every weight tensor it is given, recognised by address and length.
+    /// Its owner promises what [`Session::keep`]'s borrow would enforce: each weight slice run
+    /// through it stays allocated and unchanged for the session's life. (A slice freed and
+    /// another allocated at the same address with the same length would read stale weights.)
+    pub fn resident() -> Result<Session<'static>, WgpuError> {
+        Ok(Session {
+            keep_all: true,
+            ..Session::new()?
         })
     }
 
@@ -89,6 +108,11 @@ impl<'w> Session<'w> {
     /// Weight tensors uploaded so far (kept ones count once).
     pub fn weight_uploads(&self) -> usize {
         self.weight_uploads
+    }
+
+    /// Bytes sent from the host to the device so far.
+    pub fn uploaded(&self) -> Uploaded {
+        self.uploaded
     }
 
     /// Runs `k`; `out` is uploaded as the output's initial contents (callers poison it), and
@@ -120,20 +144,25 @@ impl<'w> Session<'w> {
                         Some(t) => t.clone(),
                         None => {
                             self.weight_uploads += 1;
+                            self.uploaded.weights += len as u64;
                             let t = Arc::new(GpuTensor::upload(self.gpu, plan, bytes));
-                            if self.kept.contains(&(addr, len)) {
+                            if self.keep_all || self.kept.contains(&(addr, len)) {
                                 self.resident.insert(key, t.clone());
                             }
                             t
                         }
                     }
                 }
-                Role::Input => Arc::new(GpuTensor::upload(self.gpu, plan, find()?)),
-                Role::Output => Arc::new(GpuTensor::upload(
-                    self.gpu,
-                    plan,
-                    bytemuck::cast_slice(&out[..plan.elems]),
-                )),
+                Role::Input => {
+                    let bytes = find()?;
+                    self.uploaded.other += bytes.len() as u64;
+                    Arc::new(GpuTensor::upload(self.gpu, plan, bytes))
+                }
+                Role::Output => {
+                    let bytes: &[u8] = bytemuck::cast_slice(&out[..plan.elems]);
+                    self.uploaded.other += bytes.len() as u64;
+                    Arc::new(GpuTensor::upload(self.gpu, plan, bytes))
+                }
                 Role::Scratch | Role::Indirect | Role::Params => {
                     Arc::new(GpuTensor::zeroed(self.gpu, plan))
                 }

@@ -2,6 +2,7 @@
 //! cache, and the record of each kernel dispatch (`--explain` prints them). A family's own
 //! forward lives in its module ([`crate::gemma4`]).
 
+use moek_kernels::backend::Uploaded;
 use moek_kernels::dispatch::{self, Backend, Choice, DispatchError};
 use moek_kernels::ir::Target;
 use moek_kernels::{Elem, Inputs, Shape, specs};
@@ -84,6 +85,8 @@ pub struct Cache {
 /// One recorded dispatch: where in the model and what ran, and why.
 #[derive(Clone, Debug)]
 pub struct Trace {
+    /// The position of the first token of the forward call it belongs to (one per step).
+    pub position: usize,
     pub layer: usize,
     pub what: &'static str,
     pub tokens: usize,
@@ -92,6 +95,8 @@ pub struct Trace {
     pub seconds: f64,
     /// Why the model's backend could not run it, when it ran on the CPU instead.
     pub fallback: Option<String>,
+    /// What the call sent to the device, on a device backend.
+    pub uploaded: Option<Uploaded>,
 }
 
 /// A model that runs tokens after a cache: what generation needs of a family.
@@ -105,6 +110,19 @@ pub trait CausalLm {
         head: Head,
         trace: &mut Vec<Trace>,
     ) -> Result<Vec<Vec<f32>>, ModelError>;
+}
+
+/// What the records sent to a device in all, if any ran on one.
+pub fn uploaded(trace: &[Trace]) -> Option<Uploaded> {
+    trace.iter().filter_map(|t| t.uploaded).reduce(|mut a, b| {
+        a += b;
+        a
+    })
+}
+
+/// Marks the records a forward call from `position` added after the first `from`.
+pub(crate) fn mark_step(trace: &mut [Trace], from: usize, position: usize) {
+    trace[from..].iter_mut().for_each(|t| t.position = position);
 }
 
 /// One kernel through dispatch on `backend`, recorded in `trace`. An op with no variant for
@@ -127,9 +145,9 @@ pub(crate) fn run_traced<W: Elem>(
         what,
         source,
     };
-    let (choice, fallback) =
+    let (choice, fallback, uploaded) =
         match dispatch::run(specs::all(), backend, shape, inputs, out, requested) {
-            Ok((choice, _)) => (choice, None),
+            Ok((choice, ran)) => (choice, None, ran.uploaded),
             // No variant of this op serves the backend: the CPU runs it, and the record says
             // why. (A refused dispatch wrote nothing, so the retry starts clean.) A requested
             // variant never falls back.
@@ -139,17 +157,19 @@ pub(crate) fn run_traced<W: Elem>(
                 let (choice, _) =
                     dispatch::run(specs::all(), &Backend::cpu(), shape, inputs, out, None)
                         .map_err(err)?;
-                (choice, Some(e.to_string()))
+                (choice, Some(e.to_string()), None)
             }
             Err(e) => return Err(err(e)),
         };
     trace.push(Trace {
+        position: 0,
         layer,
         what,
         tokens: shape.t,
         choice,
         seconds: start.elapsed().as_secs_f64(),
         fallback,
+        uploaded,
     });
     Ok(())
 }

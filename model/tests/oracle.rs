@@ -83,12 +83,7 @@ fn check<W: Float>(dir: &std::path::Path, e: &Expected, backend: Backend, tol: f
     let ck = Checkpoint::open(dir).unwrap();
     let weights =
         weights::load::<W>(&ck, &cfg, moek_model::checkpoint::Residence::Mapped, |_| {}).unwrap();
-    let model = Model {
-        cfg,
-        weights,
-        backend: backend.clone(),
-        variant: None,
-    };
+    let model = Model::new(cfg, weights, backend.clone(), None);
     let mut forward = vec![];
     let rows = model
         .forward(&e.tokens, &mut Cache::default(), Head::All, &mut forward)

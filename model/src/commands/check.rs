@@ -172,12 +172,8 @@ fn tiny_model(backends: &[Backend], adapter: bool) -> bool {
             println!("  {:<6} no adapter: not run", backend.target.to_string());
             continue;
         }
-        let model = crate::gemma4::model::Model {
-            cfg: cfg.clone(),
-            weights: crate::gemma4::tiny::weights::<half::bf16>(&cfg),
-            backend: backend.clone(),
-            variant: None,
-        };
+        let weights = crate::gemma4::tiny::weights::<half::bf16>(&cfg);
+        let model = crate::gemma4::model::Model::new(cfg.clone(), weights, backend.clone(), None);
         let sampling = crate::generate::Sampling::greedy();
         let mut trace = vec![];
         match crate::generate::generate(&model, &prompt, 8, Some(4), &sampling, &[], &mut trace) {

@@ -173,18 +173,15 @@ fn load<W: Float>(
         });
     let weights = weights::load::<W>(ck, &cfg, residence, |n| bar.set_position(n as u64))?;
     bar.finish_and_clear();
-    let model = Model {
-        cfg,
-        weights,
-        backend: args.backend.backend(),
-        variant: args.variant.clone(),
-    };
+    let model = Model::new(cfg, weights, args.backend.backend(), args.variant.clone());
     job.run(&model)
 }
 
-/// `--explain`: one line per dispatch, to stderr.
+/// `--explain`: one line per dispatch, to stderr; on a device backend, each step's bytes sent to
+/// the device after its lines.
 pub fn explain(trace: &[Trace]) {
-    for t in trace {
+    let mut step_start = 0;
+    for (i, t) in trace.iter().enumerate() {
         let layer = if t.layer == usize::MAX {
             "head".to_string()
         } else {
@@ -193,6 +190,17 @@ pub fn explain(trace: &[Trace]) {
         eprintln!("{layer} {} ({} tokens): {}", t.what, t.tokens, t.choice);
         if let Some(why) = &t.fallback {
             eprintln!("  (fell back to the CPU: {why})");
+        }
+        // A step's records are consecutive and share its position.
+        if trace.get(i + 1).is_none_or(|n| n.position != t.position) {
+            if let Some(up) = crate::forward::uploaded(&trace[step_start..=i]) {
+                eprintln!(
+                    "step at position {}: uploaded {} weight bytes, {} bytes of activations, \
+                     routes and outputs",
+                    t.position, up.weights, up.other
+                );
+            }
+            step_start = i + 1;
         }
     }
 }

@@ -6,19 +6,40 @@
 
 use super::config::{Config, Moe};
 use super::weights::Weights;
-use crate::forward::{Cache, CausalLm, Head, LayerCache, ModelError, Trace, run_traced};
+use crate::forward::{Cache, CausalLm, Head, LayerCache, ModelError, Trace, mark_step, run_traced};
 use crate::ops::{Float, rms_norm, to_w};
 use moek_kernels::dispatch::{self, Backend};
 use moek_kernels::{Elem, Inputs, Shape, specs};
 
-/// A model ready to run: config, weights and where its kernels run.
+/// A model ready to run: config, weights and where its kernels run. It is `Sync`: several
+/// generations can share one loaded model from threads, each with its own [`Cache`].
 #[derive(Debug)]
 pub struct Model<'c, W: Float> {
     pub cfg: Config,
     pub weights: Weights<'c, W>,
+    /// Where the kernels run; [`Model::new`] has it keep the weights resident on a device.
     pub backend: Backend,
     /// Force this MoE variant (an ineligible one fails before any state changes).
     pub variant: Option<String>,
+}
+
+impl<'c, W: Float> Model<'c, W> {
+    /// A model whose device backend keeps its weights resident: each is uploaded on first use
+    /// and read from the device by every later step. (The weights are read-only and live as
+    /// long as the model, which is what [`Backend::with_resident_weights`] asks.)
+    pub fn new(
+        cfg: Config,
+        weights: Weights<'c, W>,
+        backend: Backend,
+        variant: Option<String>,
+    ) -> Self {
+        Model {
+            cfg,
+            weights,
+            backend: backend.with_resident_weights(),
+            variant,
+        }
+    }
 }
 
 impl<W: Float> CausalLm for Model<'_, W> {
@@ -31,7 +52,10 @@ impl<W: Float> CausalLm for Model<'_, W> {
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         // Every projection and kernel below is a parallel loop: joined from a worker, not from
         // a sleeping caller (see `moek_cpu::pool`).
-        moek_cpu::on_pool(|| self.forward_on_pool(tokens, cache, head, trace))
+        let (from, position) = (trace.len(), cache.len);
+        let rows = moek_cpu::on_pool(|| self.forward_on_pool(tokens, cache, head, trace));
+        mark_step(trace, from, position);
+        rows
     }
 }
 

@@ -58,6 +58,10 @@ pub struct ModelFigures {
     pub read_bandwidth_range_gbs: [f64; 2],
     pub peak_rss_bytes: u64,
     pub weights_bytes: u64,
+    /// On a device backend, bytes sent to the device per decode step: weights (the most of any
+    /// step: none once resident) and everything else (the median).
+    pub decode_step_uploaded_weight_bytes: Option<u64>,
+    pub decode_step_uploaded_other_bytes: Option<u64>,
 }
 
 /// Median milliseconds per decode step by what ran, all layers together: the traced kernels, and
@@ -117,6 +121,12 @@ pub fn run(args: &BenchArgs, layers: usize) -> Result<ExitCode, CommandError> {
                 f.moe_decode_bytes_per_layer / (f.read_bandwidth_gbs * 1e9) * 1e3,
                 f.moe_decode_bandwidth_ratio * 100.0
             );
+            if let (Some(w), Some(o)) = (
+                f.decode_step_uploaded_weight_bytes,
+                f.decode_step_uploaded_other_bytes,
+            ) {
+                println!("sent to the device per decode step: {w} weight bytes, {o} other bytes");
+            }
             println!(
                 "peak RSS {:.2} GB for {:.2} GB of weights ({:.2}x)",
                 f.peak_rss_bytes as f64 / 1e9,
@@ -168,12 +178,7 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
         }
     };
     let weights_bytes = weights.bytes() as u64;
-    let model = Model {
-        cfg,
-        weights,
-        backend: backend.backend(),
-        variant: None,
-    };
+    let model = Model::new(cfg, weights, backend.backend(), None);
     let cfg = &model.cfg;
     let prompt: Vec<u32> = (0..512u32)
         .map(|i| (i * 7919 + 13) % cfg.vocab as u32)
@@ -203,6 +208,7 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
     let mut bandwidth = vec![];
     let mut samples = vec![];
     let mut parts: [Vec<f64>; PARTS.len()] = Default::default();
+    let mut uploads = vec![];
     for _ in 0..steps {
         bandwidth.push(probe.best_of(2));
         let next = crate::generate::argmax(&last[0]);
@@ -213,6 +219,7 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
         for (p, what) in parts.iter_mut().zip(PARTS) {
             p.push(seconds_of(&trace, what));
         }
+        uploads.extend(crate::forward::uploaded(&trace));
     }
 
     drop(probe);
@@ -268,6 +275,9 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
         read_bandwidth_range_gbs: range.map(|b| b / 1e9),
         peak_rss_bytes,
         weights_bytes,
+        decode_step_uploaded_weight_bytes: uploads.iter().map(|u| u.weights).max(),
+        decode_step_uploaded_other_bytes: (!uploads.is_empty())
+            .then(|| median(uploads.iter().map(|u| u.other as f64)) as u64),
     })
 }
 
