@@ -244,16 +244,13 @@ impl Affine {
     }
 
     /// The value for a core whose slice coordinates are `slice` (named by `dims`).
+    /// Saturating: a program's numbers are untrusted until validated, and a sum past `usize`
+    /// is out of every bound the validator checks it against.
     pub fn eval(&self, dims: &[(String, usize)], slice: &[usize]) -> usize {
-        self.constant
-            + self
-                .terms
-                .iter()
-                .map(|(d, c)| {
-                    let i = dims.iter().position(|(n, _)| n == d).unwrap_or(usize::MAX);
-                    c * slice.get(i).copied().unwrap_or(0)
-                })
-                .sum::<usize>()
+        self.terms.iter().fold(self.constant, |acc, (d, c)| {
+            let i = dims.iter().position(|(n, _)| n == d).unwrap_or(usize::MAX);
+            acc.saturating_add(c.saturating_mul(slice.get(i).copied().unwrap_or(0)))
+        })
     }
 }
 

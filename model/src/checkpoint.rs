@@ -26,6 +26,14 @@ pub enum LoadError {
         "`{path}` has no safetensors files (model.safetensors or model.safetensors.index.json)"
     )]
     NoWeights { path: PathBuf },
+    #[error("`{path}` is not a checkpoint directory (config.json and safetensors files)")]
+    NotADirectory { path: PathBuf },
+    #[error("tensor `{name}` is in both `{first}` and `{second}`")]
+    Duplicate {
+        name: String,
+        first: PathBuf,
+        second: PathBuf,
+    },
     #[error("tensor `{name}` is missing (looked for {tried})")]
     Missing { name: String, tried: String },
     #[error("tensor `{tensor}` has shape {found:?}; expected {expected:?}")]
@@ -55,6 +63,35 @@ pub enum Residence {
     HugePages,
 }
 
+/// `model.safetensors.index.json`: which shard holds each tensor, in the file's order (a map
+/// would hide a tensor listed twice).
+#[derive(serde::Deserialize)]
+struct Index {
+    weight_map: Pairs,
+}
+
+struct Pairs(Vec<(String, String)>);
+
+impl<'de> serde::Deserialize<'de> for Pairs {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Pairs;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object of tensor names to shard file names")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Pairs, A::Error> {
+                let mut pairs = vec![];
+                while let Some(pair) = m.next_entry()? {
+                    pairs.push(pair);
+                }
+                Ok(Pairs(pairs))
+            }
+        }
+        d.deserialize_map(Visitor)
+    }
+}
+
 /// Where one tensor lies.
 #[derive(Clone, Debug)]
 struct Entry {
@@ -73,34 +110,47 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Maps `dir/model.safetensors`, or every shard named in `dir/model.safetensors.index.json`.
+    /// Maps `dir/model.safetensors`, or every shard named in `dir/model.safetensors.index.json`
+    /// (each tensor listed once, and found in the shard the index names).
     pub fn open(dir: &Path) -> Result<Checkpoint, LoadError> {
+        if !dir.is_dir() {
+            return Err(LoadError::NotADirectory {
+                path: dir.to_path_buf(),
+            });
+        }
         let index = dir.join("model.safetensors.index.json");
-        let files: Vec<PathBuf> = if index.exists() {
-            let text = read(&index)?;
-            let v: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| LoadError::Format {
-                    path: index.clone(),
-                    why: e.to_string(),
-                })?;
-            let map = v["weight_map"]
-                .as_object()
-                .ok_or_else(|| LoadError::Format {
-                    path: index.clone(),
-                    why: "no `weight_map` object".into(),
-                })?;
-            let mut names: Vec<&str> = map.values().filter_map(|f| f.as_str()).collect();
-            names.sort_unstable();
-            names.dedup();
-            names.into_iter().map(|f| dir.join(f)).collect()
-        } else if dir.join("model.safetensors").exists() {
-            vec![dir.join("model.safetensors")]
-        } else {
+        if !index.exists() {
+            if dir.join("model.safetensors").exists() {
+                return Checkpoint::from_files(&[dir.join("model.safetensors")]);
+            }
             return Err(LoadError::NoWeights {
                 path: dir.to_path_buf(),
             });
+        }
+        let bad = |why: String| LoadError::Format {
+            path: index.clone(),
+            why,
         };
-        Checkpoint::from_files(&files)
+        let Index { weight_map } =
+            serde_json::from_str(&read(&index)?).map_err(|e| bad(e.to_string()))?;
+        let mut files: Vec<&str> = weight_map.0.iter().map(|(_, f)| f.as_str()).collect();
+        files.sort_unstable();
+        files.dedup();
+        let paths: Vec<PathBuf> = files.iter().map(|f| dir.join(f)).collect();
+        let ck = Checkpoint::from_files(&paths)?;
+        let mut listed = std::collections::HashSet::new();
+        for (tensor, file) in &weight_map.0 {
+            if !listed.insert(tensor) {
+                return Err(bad(format!("`weight_map` lists `{tensor}` twice")));
+            }
+            let shard = files.binary_search(&file.as_str()).expect("listed above");
+            if ck.entries.get(tensor).is_none_or(|e| e.shard != shard) {
+                return Err(bad(format!(
+                    "`weight_map` puts `{tensor}` in `{file}`, which does not hold it"
+                )));
+            }
+        }
+        Ok(ck)
     }
 
     pub fn from_files(files: &[PathBuf]) -> Result<Checkpoint, LoadError> {
@@ -121,15 +171,21 @@ impl Checkpoint {
             })?;
             for (name, view) in st.tensors() {
                 let start = view.data().as_ptr() as usize - map.as_ptr() as usize;
-                entries.insert(
-                    name,
-                    Entry {
-                        shard: i,
-                        dtype: view.dtype(),
-                        shape: view.shape().to_vec(),
-                        bytes: start..start + view.data().len(),
-                    },
-                );
+                let entry = Entry {
+                    shard: i,
+                    dtype: view.dtype(),
+                    shape: view.shape().to_vec(),
+                    bytes: start..start + view.data().len(),
+                };
+                if let Some(first) = entries.get(&name) {
+                    let first: &Entry = first;
+                    return Err(LoadError::Duplicate {
+                        name,
+                        first: files[first.shard].clone(),
+                        second: path.clone(),
+                    });
+                }
+                entries.insert(name, entry);
             }
             shards.push((path.clone(), map));
         }

@@ -22,6 +22,21 @@ pub enum ModelError {
     NoSoftcap,
     #[error("empty input: at least one token is needed")]
     Empty,
+    #[error(
+        "{positions} positions exceed the model's context of {context} (max_position_embeddings)"
+    )]
+    Context { positions: usize, context: usize },
+    #[error(
+        "the KV cache for {positions} positions needs {needed} bytes; {available} bytes of memory \
+         are available (MemAvailable, or MOEK_MEMORY_LIMIT)"
+    )]
+    Memory {
+        positions: usize,
+        needed: u64,
+        available: u64,
+    },
+    #[error("a prefill chunk of 0 tokens: a chunk is the prompt tokens per forward, at least 1")]
+    Chunk,
 }
 
 /// Which vocabulary rows a forward computes.
@@ -101,6 +116,11 @@ pub struct Trace {
 
 /// A model that runs tokens after a cache: what generation needs of a family.
 pub trait CausalLm {
+    /// Positions a sequence may reach.
+    fn context(&self) -> usize;
+    /// Bytes the KV cache holds after `positions` tokens.
+    fn cache_bytes(&self, positions: usize) -> u64;
+
     /// Runs `tokens` after what `cache` holds, appending to it, and returns the logits of the
     /// final row (`Head::Last`) or of every row; with the dispatch records.
     fn forward(

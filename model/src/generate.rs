@@ -79,8 +79,29 @@ pub fn generate(
     if prompt.is_empty() {
         return Err(ModelError::Empty);
     }
+    // What the whole generation will need is checked before any of it runs.
+    let chunk = prefill_chunk.unwrap_or(prompt.len());
+    if chunk == 0 {
+        return Err(ModelError::Chunk);
+    }
+    let positions = prompt.len().saturating_add(max_new);
+    if positions > model.context() {
+        return Err(ModelError::Context {
+            positions,
+            context: model.context(),
+        });
+    }
+    let needed = model.cache_bytes(positions);
+    if let Some(available) = crate::limits::memory_available()
+        && needed > available
+    {
+        return Err(ModelError::Memory {
+            positions,
+            needed,
+            available,
+        });
+    }
     let mut cache = Cache::default();
-    let chunk = prefill_chunk.unwrap_or(prompt.len()).max(1);
     let mut last = vec![];
     for part in prompt.chunks(chunk) {
         last = model

@@ -12,4 +12,5 @@ pub mod commands;
 pub mod forward;
 pub mod gemma4;
 pub mod generate;
+pub mod limits;
 pub mod ops;

@@ -489,3 +489,137 @@ fn generate_encodes_a_prompt_with_the_checkpoints_tokenizer() {
         "{err}"
     );
 }
+
+/// `moek` with raw arguments (any bytes) and extra environment variables.
+fn moek_raw(args: &[std::ffi::OsString], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_moek"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("moek runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+fn os(args: &[&str]) -> Vec<std::ffi::OsString> {
+    args.iter().map(Into::into).collect()
+}
+
+/// Every bad argument is refused with a message naming it and what was expected: a non-zero
+/// exit, and nothing on stdout as if it had worked.
+#[test]
+fn bad_arguments_are_refused_by_name_with_nothing_on_stdout() {
+    let file = format!("{F32}/config.json");
+    let long: Vec<String> = (0..1025).map(|i| (i % 50).to_string()).collect();
+    let long = long.join(",");
+    let generate = |extra: &[&str]| {
+        let mut a = vec!["generate", "--model", F32, "--max-new-tokens", "2"];
+        a.extend_from_slice(extra);
+        a.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let own = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let cases: Vec<(Vec<String>, &[(&str, &str)], &str)> = vec![
+        (
+            generate(&["--tokens", "999999"]),
+            &[],
+            "token 999999 is outside the vocabulary of",
+        ),
+        (generate(&["--tokens", ""]), &[], "--tokens"),
+        (generate(&["--tokens", "-1"]), &[], "-1"),
+        (
+            generate(&["--tokens", "2,abc"]),
+            &[],
+            "invalid value 'abc' for '--tokens",
+        ),
+        (
+            own(&[
+                "generate",
+                "--model",
+                F32,
+                "--tokens",
+                "2,3",
+                "--max-new-tokens",
+                "2000",
+            ]),
+            &[],
+            "2002 positions exceed the model's context of 1024",
+        ),
+        (
+            own(&["logits", "--model", F32, "--tokens", &long]),
+            &[],
+            "1025 positions exceed",
+        ),
+        (
+            generate(&["--tokens", "2,3", "--prefill-chunk", "0"]),
+            &[],
+            "a prefill chunk of 0",
+        ),
+        (
+            own(&[
+                "generate",
+                "--model",
+                &file,
+                "--tokens",
+                "2",
+                "--max-new-tokens",
+                "1",
+            ]),
+            &[],
+            "is not a checkpoint directory",
+        ),
+        (
+            generate(&["--tokens", "2,3", "--weights", "huge-pages"]),
+            &[("MOEK_MEMORY_LIMIT", "1000")],
+            "but 1000 bytes are available",
+        ),
+        (
+            generate(&["--tokens", "2,3", "--weights", "mapped"]),
+            &[("MOEK_MEMORY_LIMIT", "1000")],
+            "the KV cache for 4 positions needs",
+        ),
+    ];
+    for (args, env, want) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, out, err) = moek_raw(&os(&args), env);
+        assert_ne!(code, 0, "{args:?} must fail");
+        assert!(out.is_empty(), "{args:?} printed {out}");
+        assert!(err.contains(want), "{args:?}: expected `{want}` in: {err}");
+    }
+}
+
+/// A `--prompt` of random bytes: refused (not UTF-8; tokens past the tiny vocabulary) or run,
+/// never a crash.
+#[test]
+fn random_prompts_are_refused_or_run() {
+    use rand::Rng;
+    use std::os::unix::ffi::OsStringExt;
+    let fuzz = moek_tests::fuzz::Fuzz::new("--prompt", 12);
+    fuzz.run(
+        |rng| {
+            let n = rng.random_range(0..40);
+            (0..n)
+                .map(|_| rng.random::<u8>().max(1))
+                .collect::<Vec<u8>>()
+        },
+        |bytes| {
+            let mut args = os(&[
+                "generate",
+                "--model",
+                F32,
+                "--max-new-tokens",
+                "1",
+                "--prompt",
+            ]);
+            args.push(std::ffi::OsString::from_vec(bytes.clone()));
+            let (code, out, err) = moek_raw(&args, &[]);
+            match code {
+                0 if !out.is_empty() => Ok(true),
+                1 | 2 if out.is_empty() && !err.trim().is_empty() => Ok(false),
+                _ => Err(format!("exit {code}, stdout {out:?}, stderr {err:?}")),
+            }
+        },
+    );
+}

@@ -32,6 +32,14 @@ fn at(what: &str, n: &Option<usize>) -> String {
 pub enum Invalid {
     #[error("uses {cores} cores; spyre has {max}")]
     TooManyCores { cores: usize, max: usize },
+    #[error("tensor `{tensor}` has shape {shape:?}, more elements than an address can count")]
+    TensorSize { tensor: String, shape: Vec<usize> },
+    #[error("has {got} slice coordinates; the phase is sliced over {expected} dims")]
+    Coords { expected: usize, got: usize },
+    #[error("a region of `{tensor}` is empty (an extent of 0)")]
+    EmptyRegion { tensor: String },
+    #[error("tensor `{tensor}` is malformed: {why}")]
+    Malformed { tensor: String, why: String },
     #[error("maps {got} cores to slices, but its slices make {expected} work units")]
     SliceCount { expected: usize, got: usize },
     #[error("has slice {coord} of `{dim}`, which has {parts} slices")]
@@ -170,10 +178,46 @@ impl Checker<'_> {
     }
 
     fn phase(&mut self) -> R {
+        self.tensors()?;
         self.division()?;
         self.plan()?;
         let body = &self.phase.body;
         walk(body, self)
+    }
+
+    /// Every tensor's bytes can be counted (the walk multiplies shapes out).
+    fn tensors(&self) -> R {
+        for t in &self.p.tensors {
+            let malformed = |why: String| {
+                Err(self.at_phase(Invalid::Malformed {
+                    tensor: t.name.clone(),
+                    why,
+                }))
+            };
+            if !matches!(t.elem_bytes, 2 | 4) || t.stick_elems != 128 / t.elem_bytes {
+                return malformed(format!(
+                    "{} bytes per element and {} per stick; expected 2 or 4, and 128 bytes a stick",
+                    t.elem_bytes, t.stick_elems
+                ));
+            }
+            if t.shape.is_empty() || t.shape.contains(&0) {
+                return malformed(format!(
+                    "shape {:?}; expected at least one dim, none 0",
+                    t.shape
+                ));
+            }
+            let bytes = t
+                .shape
+                .iter()
+                .try_fold(t.elem_bytes.max(1), |n, &d| n.checked_mul(d));
+            if bytes.is_none_or(|b| b > isize::MAX as usize) {
+                return Err(self.at_phase(Invalid::TensorSize {
+                    tensor: t.name.clone(),
+                    shape: t.shape.clone(),
+                }));
+            }
+        }
+        Ok(())
     }
 
     fn division(&self) -> R {
@@ -181,6 +225,17 @@ impl Checker<'_> {
         let cores = ph.core_slice.len();
         if cores > CORES || self.p.cores_used > CORES {
             return Err(self.at_phase(Invalid::TooManyCores { cores, max: CORES }));
+        }
+        for (core, coords) in ph.core_slice.iter().enumerate() {
+            if coords.len() != ph.slices.len() {
+                return Err(self.at_slice(
+                    core,
+                    Invalid::Coords {
+                        expected: ph.slices.len(),
+                        got: coords.len(),
+                    },
+                ));
+            }
         }
         for (core, coords) in ph.core_slice.iter().enumerate() {
             for ((dim, parts), &coord) in ph.slices.iter().zip(coords) {
@@ -207,7 +262,9 @@ impl Checker<'_> {
                 .iter()
                 .filter_map(|d| ph.slices.iter().position(|s| &s.0 == d))
                 .collect();
-            let expected: usize = index.iter().map(|&i| ph.slices[i].1).product();
+            let expected = index
+                .iter()
+                .fold(1usize, |n, &i| n.saturating_mul(ph.slices[i].1));
             if expected != cores {
                 return Err(self.at_phase(Invalid::SliceCount {
                     expected,
@@ -236,14 +293,14 @@ impl Checker<'_> {
                     addr: b.addr,
                 }));
             }
-            if b.bytes != b.elems * if b.dl16 { 2 } else { 4 } {
+            if b.bytes != b.elems.saturating_mul(if b.dl16 { 2 } else { 4 }) {
                 return Err(self.at_phase(Invalid::BufferSize {
                     buffer: b.name.clone(),
                     bytes: b.bytes,
                     elems: b.elems,
                 }));
             }
-            peak_at.push(b.addr + b.bytes);
+            peak_at.push(b.addr.saturating_add(b.bytes));
         }
         let peak = peak_at.into_iter().max().unwrap_or(0);
         if peak > self.p.lx_budget {
@@ -254,7 +311,8 @@ impl Checker<'_> {
         }
         for (i, a) in ph.buffers.iter().enumerate() {
             for b in &ph.buffers[i + 1..] {
-                let space = a.addr < b.addr + b.bytes && b.addr < a.addr + a.bytes;
+                let space = a.addr < b.addr.saturating_add(b.bytes)
+                    && b.addr < a.addr.saturating_add(a.bytes);
                 let time = a.live.0 <= b.live.1 && b.live.0 <= a.live.1;
                 if space && time {
                     return Err(self.at_phase(Invalid::Overlap {
@@ -319,9 +377,9 @@ impl Checker<'_> {
                     .map(|c| a_at.eval(&self.phase.slices, c))
                     .max()
                     .unwrap_or(0);
-                self.operand(a, at + m * k)?;
-                self.operand(b, k * n)?;
-                self.operand(out, m * n)
+                self.operand(a, at.saturating_add(m.saturating_mul(*k)))?;
+                self.operand(b, k.saturating_mul(*n))?;
+                self.operand(out, m.saturating_mul(*n))
             }
             Op::Sfp(sfp) => self.sfp(sfp),
             Op::RingReduce { buffer, dim, elems } => {
@@ -353,8 +411,8 @@ impl Checker<'_> {
                 w_at,
                 elems,
             } => {
-                self.operand(acc, acc_at + elems)?;
-                self.operand(y, y_at + elems)?;
+                self.operand(acc, acc_at.saturating_add(*elems))?;
+                self.operand(y, y_at.saturating_add(*elems))?;
                 let at = self
                     .phase
                     .core_slice
@@ -362,7 +420,7 @@ impl Checker<'_> {
                     .map(|c| w_at.eval(&self.phase.slices, c))
                     .max()
                     .unwrap_or(0);
-                self.operand(w, at + 1)
+                self.operand(w, at.saturating_add(1))
             }
         }
     }
@@ -435,7 +493,15 @@ impl Checker<'_> {
                 why,
             }));
         }
-        let elems: usize = region.extent.iter().product();
+        if region.extent.contains(&0) {
+            return Err(self.at_op(Invalid::EmptyRegion {
+                tensor: t.name.clone(),
+            }));
+        }
+        let elems = region
+            .extent
+            .iter()
+            .fold(1usize, |n, &e| n.saturating_mul(e));
         if elems > b.elems {
             return Err(self.at_op(Invalid::RegionSize {
                 buffer: buffer.into(),
@@ -463,7 +529,7 @@ impl Checker<'_> {
                 .find(|a| a.0 == t.name)
                 .map(|a| a.1);
             for d in 0..rank {
-                let end = start[d] + region.extent[d];
+                let end = start[d].saturating_add(region.extent[d]);
                 let size = match (d, indexed, per_trip) {
                     (0, true, _) => 1,
                     (0, _, Some(rows)) => rows,
@@ -549,11 +615,16 @@ pub fn span(t: &Tensor, start: &[usize], extent: &[usize]) -> usize {
         };
         s *= n;
     }
-    let first: usize = (0..rank).map(|d| start[d] * strides[d]).sum();
-    let last: usize = (0..rank)
-        .map(|d| (start[d] + extent[d] - 1) * strides[d])
-        .sum();
-    last + t.elem_bytes - first
+    // Saturating: the bounds were checked before, but a loop's rows per trip are the program's
+    // own number.
+    let at = |pos: &dyn Fn(usize) -> usize| {
+        (0..rank).fold(0usize, |n, d| {
+            n.saturating_add(pos(d).saturating_mul(strides[d]))
+        })
+    };
+    let first = at(&|d| start[d]);
+    let last = at(&|d| (start[d] + extent[d]).saturating_sub(1));
+    (last + t.elem_bytes).saturating_sub(first)
 }
 
 /// Why a program text was refused.
@@ -600,7 +671,11 @@ impl<'a> Visit<'a> for Checker<'a> {
         for a in advancing {
             let t = self.tensor(&a.tensor)?;
             let first = t.shape.first().copied().unwrap_or(0);
-            if trips * a.per_trip > first {
+            if a.per_trip == 0 {
+                let why = format!("`{}` advances 0 rows a trip", a.tensor);
+                return Err(self.at_phase(Invalid::Loop { why }));
+            }
+            if trips.saturating_mul(a.per_trip) > first {
                 let why = format!(
                     "`{}` advances {} x {} rows past its {first}",
                     a.tensor, trips, a.per_trip

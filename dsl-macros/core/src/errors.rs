@@ -22,6 +22,12 @@ impl Errors {
         self.errors.is_empty()
     }
 
+    /// Records `err`, its errors at the end of their input (syn puts those at the call site,
+    /// which is the whole macro call) moved to `end`, the last token they were parsing.
+    pub fn push_err_ending_at(&mut self, err: syn::Error, end: Span) {
+        self.errors.push(ending_at(err, end));
+    }
+
     /// All errors combined into one (each keeps its own span), or `Ok` when there were none.
     pub fn finish(self) -> syn::Result<()> {
         let mut it = self.errors.into_iter();
@@ -33,4 +39,35 @@ impl Errors {
             }
         }
     }
+}
+
+/// Whether `span` is the call site: where syn reports "unexpected end of input" at the top level
+/// of a token stream. (Spans have no equality; their debug text names their byte range.)
+fn is_call_site(span: Span) -> bool {
+    format!("{span:?}") == format!("{:?}", Span::call_site())
+}
+
+/// The span of the last token of `ts` (a group's closing delimiter), if it has one.
+pub fn end_of(ts: &proc_macro2::TokenStream) -> Option<Span> {
+    ts.clone().into_iter().last().map(|t| match t {
+        proc_macro2::TokenTree::Group(g) => g.span_close(),
+        t => t.span(),
+    })
+}
+
+/// `err` with each of its errors at the call site moved to `end`.
+pub fn ending_at(err: syn::Error, end: Span) -> syn::Error {
+    let mut out: Option<syn::Error> = None;
+    for e in err {
+        let e = if is_call_site(e.span()) {
+            syn::Error::new(end, e.to_string())
+        } else {
+            e
+        };
+        match &mut out {
+            None => out = Some(e),
+            Some(o) => o.combine(e),
+        }
+    }
+    out.expect("a syn::Error holds at least one error")
 }

@@ -18,7 +18,12 @@ pub fn parse_specs(input: TokenStream) -> syn::Result<Vec<Spec>> {
         }
         Ok(specs)
     };
-    parser.parse2(input)
+    // A spec cut short is reported at its last token, not at the whole macro call.
+    let end = crate::errors::end_of(&input);
+    parser.parse2(input).map_err(|e| match end {
+        Some(end) => crate::errors::ending_at(e, end),
+        None => e,
+    })
 }
 
 impl Parse for Spec {

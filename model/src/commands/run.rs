@@ -139,6 +139,12 @@ fn with_model(args: &ModelArgs, job: impl Job) -> Result<ExitCode, CommandError>
             "no tokens: give --tokens (or --prompt)".into(),
         ));
     }
+    if !args.model.is_dir() {
+        return Err(crate::checkpoint::LoadError::NotADirectory {
+            path: args.model.clone(),
+        }
+        .into());
+    }
     let cfg = Config::load(&args.model).map_err(crate::checkpoint::LoadError::from)?;
     let ck = Checkpoint::open(&args.model)?;
     let names = weights::names("embed_tokens.weight");
@@ -162,6 +168,19 @@ fn load<W: Float>(
     job: impl Job,
 ) -> Result<ExitCode, CommandError> {
     let residence = args.residence();
+    // A copy needs the checkpoint's bytes in memory; a mapped checkpoint larger than memory
+    // still runs, its pages read again from the file as they are needed.
+    let bytes = ck.bytes() as u64;
+    if let Some(available) = crate::limits::memory_available()
+        && residence == Residence::HugePages
+        && bytes > available
+    {
+        return Err(CommandError::Usage(format!(
+            "--weights huge-pages copies the checkpoint's {bytes} bytes into memory, but {available} \
+             bytes are available (MemAvailable, or MOEK_MEMORY_LIMIT); --weights mapped reads it \
+             in place instead (slower when it does not fit the page cache)"
+        )));
+    }
     let bar = indicatif::ProgressBar::new(cfg.layers.len() as u64)
         .with_style(
             indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers ({msg})")

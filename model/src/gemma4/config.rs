@@ -69,6 +69,8 @@ pub struct Config {
     pub eps: f32,
     pub window: usize,
     pub softcap: Option<f32>,
+    /// Positions a sequence may reach (`max_position_embeddings`).
+    pub context: usize,
     pub layers: Vec<Layer>,
     pub moe: Option<Moe>,
     /// Stop tokens (`eos_token_id`, one or several).
@@ -175,7 +177,7 @@ impl Config {
             Some(x) => x.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
             None => vec![],
         };
-        Ok(Config {
+        let cfg = Config {
             vocab: r.usize("vocab_size")?,
             hidden: r.usize("hidden_size")?,
             intermediate: r.usize("intermediate_size")?,
@@ -183,10 +185,76 @@ impl Config {
             eps: r.f64_or("rms_norm_eps", 1e-6)? as f32,
             window: r.usize_or("sliding_window", 512)?,
             softcap: r.opt_f64("final_logit_softcapping")?.map(|x| x as f32),
+            context: r.usize_or("max_position_embeddings", 131_072)?,
             layers,
             moe,
             eos,
-        })
+        };
+        cfg.sane(&r)?;
+        Ok(cfg)
+    }
+}
+
+impl Config {
+    /// Sizes that must be positive are, top-k picks among the experts, and every number the
+    /// forward divides by or scales with is finite and in range.
+    fn sane(&self, r: &Reader) -> Result<(), ConfigError> {
+        let positive = [
+            ("vocab_size", self.vocab),
+            ("hidden_size", self.hidden),
+            ("num_attention_heads", self.heads),
+            ("sliding_window", self.window),
+            ("max_position_embeddings", self.context),
+            ("num_hidden_layers", self.layers.len()),
+        ];
+        for (key, n) in positive {
+            if n == 0 {
+                return Err(invalid(key, "at least 1", &n.into()));
+            }
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            if l.head_dim == 0 {
+                return Err(invalid(
+                    &format!("layer {i} head_dim"),
+                    "at least 2",
+                    &0.into(),
+                ));
+            }
+            if !(l.rope.theta.is_finite() && l.rope.theta > 1.0 && l.rope.factor.is_finite()) {
+                return Err(invalid(
+                    &format!("layer {i} rope_theta / factor"),
+                    "a finite theta above 1 and a finite factor",
+                    &serde_json::json!([l.rope.theta, l.rope.factor]),
+                ));
+            }
+        }
+        if let Some(m) = self.moe
+            && (m.experts == 0 || m.top_k == 0 || m.top_k > m.experts || m.intermediate == 0)
+        {
+            return Err(ConfigError::Invalid {
+                key: "num_experts / top_k_experts / moe_intermediate_size".into(),
+                expected: "at least one expert, top-k from 1 to the experts, a positive width"
+                    .into(),
+                found: format!(
+                    "{} experts, top-k {}, width {}",
+                    m.experts, m.top_k, m.intermediate
+                ),
+            });
+        }
+        let eps = r.f64_or("rms_norm_eps", 1e-6)?;
+        if !(eps.is_finite() && eps >= 0.0) {
+            return Err(invalid("rms_norm_eps", "a finite number >= 0", &eps.into()));
+        }
+        if let Some(cap) = self.softcap
+            && !(cap.is_finite() && cap > 0.0)
+        {
+            return Err(invalid(
+                "final_logit_softcapping",
+                "a finite number > 0",
+                &cap.into(),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -312,6 +380,10 @@ fn rope(t: &Value, kind: Attention, head_dim: usize) -> Result<Rope, ConfigError
     })
 }
 
+/// The largest size or count a config may give (2^24: above every real model's vocabulary,
+/// widths and layer counts, and small enough that products of a few never overflow).
+pub const MAX_SIZE: usize = 1 << 24;
+
 /// Typed reads of one JSON object, errors naming the key.
 struct Reader<'a>(&'a Value);
 
@@ -321,8 +393,9 @@ impl Reader<'_> {
             None | Some(Value::Null) => Ok(None),
             Some(v) => v
                 .as_u64()
+                .filter(|&x| x <= MAX_SIZE as u64)
                 .map(|x| Some(x as usize))
-                .ok_or_else(|| invalid(key, "a non-negative integer", v)),
+                .ok_or_else(|| invalid(key, &format!("an integer from 0 to {MAX_SIZE}"), v)),
         }
     }
     fn usize(&self, key: &str) -> Result<usize, ConfigError> {

@@ -43,6 +43,26 @@ impl<'c, W: Float> Model<'c, W> {
 }
 
 impl<W: Float> CausalLm for Model<'_, W> {
+    fn context(&self) -> usize {
+        self.cfg.context
+    }
+
+    /// Full layers keep every position, sliding ones their window; each position holds a key
+    /// and a value of `head_dim` f32s per KV head.
+    fn cache_bytes(&self, positions: usize) -> u64 {
+        let cfg = &self.cfg;
+        cfg.layers
+            .iter()
+            .map(|l| {
+                let kept = match l.attention {
+                    super::config::Attention::Sliding => positions.min(cfg.window),
+                    super::config::Attention::Full => positions,
+                };
+                (kept * l.kv_heads * l.head_dim * 2 * size_of::<f32>()) as u64
+            })
+            .sum()
+    }
+
     fn forward(
         &self,
         tokens: &[u32],
@@ -71,6 +91,12 @@ impl<W: Float> Model<'_, W> {
         let (h, s) = (cfg.hidden, tokens.len());
         if s == 0 {
             return Err(ModelError::Empty);
+        }
+        if cache.len + s > cfg.context {
+            return Err(ModelError::Context {
+                positions: cache.len + s,
+                context: cfg.context,
+            });
         }
         if let Some(&token) = tokens.iter().find(|&&t| t as usize >= cfg.vocab) {
             return Err(ModelError::Token {

@@ -40,6 +40,7 @@ pub fn config() -> Config {
         eps: 1e-6,
         window: 4,
         softcap: Some(30.0),
+        context: 1024,
         layers: vec![sliding.clone(), full, sliding],
         moe: Some(Moe {
             experts: 8,
@@ -136,6 +137,7 @@ pub fn gemma4_26b(layers: usize) -> Config {
         eps: 1e-6,
         window: 1024,
         softcap: Some(30.0),
+        context: 262_144,
         layers: (0..layers)
             .map(|i| {
                 if i % 2 == 0 {

@@ -44,16 +44,18 @@ impl Checker {
             } else {
                 value.span()
             };
+            // Where a value that ends too soon is reported: its last token.
+            let last = crate::errors::end_of(&value).unwrap_or(entry.key.span());
             macro_rules! parse_or_record {
                 ($parser:expr) => {
                     match ($parser).parse2(value) {
                         Ok(v) => Some(v),
                         Err(e) => {
-                            self.errors.push_err(if entry.value.is_empty() {
-                                syn::Error::new(span, format!("`{key}:` needs a value"))
+                            if entry.value.is_empty() {
+                                self.errors.push(span, format!("`{key}:` needs a value"));
                             } else {
-                                e
-                            });
+                                self.errors.push_err_ending_at(e, last);
+                            }
                             None
                         }
                     }
