@@ -26,6 +26,8 @@ pub enum LoadError {
         "`{path}` has no safetensors files (model.safetensors or model.safetensors.index.json)"
     )]
     NoWeights { path: PathBuf },
+    #[error("`{path}` is not a valid shard index: {why}")]
+    Index { path: PathBuf, why: String },
     #[error("`{path}` is not a checkpoint directory (config.json and safetensors files)")]
     NotADirectory { path: PathBuf },
     #[error("tensor `{name}` is in both `{first}` and `{second}`")]
@@ -127,7 +129,7 @@ impl Checkpoint {
                 path: dir.to_path_buf(),
             });
         }
-        let bad = |why: String| LoadError::Format {
+        let bad = |why: String| LoadError::Index {
             path: index.clone(),
             why,
         };

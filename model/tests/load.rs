@@ -106,7 +106,9 @@ fn a_bad_config_names_the_key() {
     let dir = copy("badkey", |c| c["hidden_size"] = "wide".into());
     let err = load_err(&dir);
     assert!(
-        err.contains("config key `hidden_size` is \"wide\"; expected a non-negative integer"),
+        err.contains(
+            "config key `hidden_size` is \"wide\"; expected an integer from 0 to 16777216"
+        ),
         "{err}"
     );
     let dir = copy("nokey", |c| {
@@ -168,9 +170,9 @@ fn both_config_layouts_give_the_same_full_layers() {
 }
 
 /// The f32 fixture converted to f16 and cut into two shards with an index.
-fn sharded_f16() -> PathBuf {
+fn sharded_f16(name: &str) -> PathBuf {
     use safetensors::{Dtype, SafeTensors, tensor::TensorView};
-    let dir = std::env::temp_dir().join(format!("moek-load-sharded-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("moek-load-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let bytes = std::fs::read(fixture().join("model.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -235,7 +237,7 @@ fn a_sharded_f16_checkpoint_loads_and_gives_the_f32_logits_closely() {
         .iter()
         .map(|t| t.as_u64().unwrap() as u32)
         .collect();
-    let dir = sharded_f16();
+    let dir = sharded_f16("sharded");
     let cfg = Config::load(&dir).unwrap();
     let ck = Checkpoint::open(&dir).unwrap();
     let model = Model {
@@ -299,6 +301,11 @@ fn a_sharded_f16_checkpoint_loads_and_gives_the_f32_logits_closely() {
         )
         .output()
         .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let got: Vec<u64> = v["tokens"]
         .as_array()
@@ -363,4 +370,67 @@ fn saved_weights_load_back_mapped_or_in_huge_pages() {
         assert_eq!(bits(&got), bits(&want), "{residence:?}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The sharded checkpoint with its index text passed through `edit`, or a shard swapped for
+/// another's contents.
+fn sharded_with(edit: impl FnOnce(&Path, String) -> String) -> PathBuf {
+    let dir = sharded_f16("bad-index");
+    let index = dir.join("model.safetensors.index.json");
+    let text = std::fs::read_to_string(&index).unwrap();
+    std::fs::write(&index, edit(&dir, text)).unwrap();
+    dir
+}
+
+#[test]
+fn bad_shard_indexes_are_refused_by_name() {
+    // Each case rebuilds the shared scratch directory, so they run one after another.
+    let err = |dir: &Path| Checkpoint::open(dir).unwrap_err().to_string();
+    let dir = sharded_with(|_, t| t.replace("model-00002-of-00002", "model-00003-of-00002"));
+    let e = err(&dir);
+    assert!(
+        e.contains("cannot read") && e.contains("model-00003-of-00002"),
+        "{e}"
+    );
+    // A tensor listed twice (JSON keeps both; a map would hide one).
+    let dir = sharded_with(|_, t| {
+        let v: serde_json::Value = serde_json::from_str(&t).unwrap();
+        let file = &v["weight_map"]["model.norm.weight"];
+        t.replacen(
+            "\"weight_map\":{",
+            &format!("\"weight_map\":{{\"model.norm.weight\":{file},"),
+            1,
+        )
+    });
+    let e = err(&dir);
+    assert!(e.contains("lists `model.norm.weight` twice"), "{e}");
+    // A tensor the index puts in the wrong shard.
+    let dir = sharded_with(|_, t| {
+        let v: serde_json::Value = serde_json::from_str(&t).unwrap();
+        let (name, file) = v["weight_map"].as_object().unwrap().iter().next().unwrap();
+        let other = if file.as_str().unwrap().contains("00001") {
+            "00002"
+        } else {
+            "00001"
+        };
+        let moved = format!("model-{other}-of-00002.safetensors");
+        t.replacen(
+            &format!("\"{name}\":{file}"),
+            &format!("\"{name}\":\"{moved}\""),
+            1,
+        )
+    });
+    let e = err(&dir);
+    assert!(e.contains("which does not hold it"), "{e}");
+    // The same tensor in both shards.
+    let dir = sharded_with(|dir, t| {
+        std::fs::copy(
+            dir.join("model-00001-of-00002.safetensors"),
+            dir.join("model-00002-of-00002.safetensors"),
+        )
+        .unwrap();
+        t
+    });
+    let e = err(&dir);
+    assert!(e.contains("is in both"), "{e}");
 }
