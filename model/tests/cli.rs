@@ -508,6 +508,13 @@ fn os(args: &[&str]) -> Vec<std::ffi::OsString> {
     args.iter().map(Into::into).collect()
 }
 
+/// Arguments, extra environment and what stderr must say.
+type BadCase = (
+    Vec<String>,
+    &'static [(&'static str, &'static str)],
+    &'static str,
+);
+
 /// Every bad argument is refused with a message naming it and what was expected: a non-zero
 /// exit, and nothing on stdout as if it had worked.
 #[test]
@@ -521,7 +528,7 @@ fn bad_arguments_are_refused_by_name_with_nothing_on_stdout() {
         a.iter().map(|s| s.to_string()).collect::<Vec<_>>()
     };
     let own = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let cases: Vec<(Vec<String>, &[(&str, &str)], &str)> = vec![
+    let cases: Vec<BadCase> = vec![
         (
             generate(&["--tokens", "999999"]),
             &[],

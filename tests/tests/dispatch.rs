@@ -13,7 +13,7 @@ fn run_on_cpu<W: moek_kernels::Elem>(
     case: &Case<W>,
     out: &mut [f32],
     requested: Option<&str>,
-) -> Result<(dispatch::Choice, Option<u32>), DispatchError> {
+) -> Result<(dispatch::Choice, moek_kernels::backend::Ran), DispatchError> {
     dispatch::run(
         specs::all(),
         &Backend::cpu(),
