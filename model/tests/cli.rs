@@ -534,8 +534,16 @@ fn bad_arguments_are_refused_by_name_with_nothing_on_stdout() {
             &[],
             "token 999999 is outside the vocabulary of",
         ),
-        (generate(&["--tokens", ""]), &[], "--tokens"),
-        (generate(&["--tokens", "-1"]), &[], "-1"),
+        (
+            generate(&["--tokens", ""]),
+            &[],
+            "invalid value '' for '--tokens",
+        ),
+        (
+            generate(&["--tokens", "-1"]),
+            &[],
+            "invalid value '-1' for '--tokens",
+        ),
         (
             generate(&["--tokens", "2,abc"]),
             &[],

@@ -20,8 +20,9 @@ pub struct ModelArgs {
     /// A Hugging Face Gemma-4 checkpoint directory (config.json + safetensors).
     #[arg(long)]
     pub model: PathBuf,
-    /// Comma-separated token ids.
-    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    /// Comma-separated token ids. (A negative one is read as a value, so the error names
+    /// `--tokens`.)
+    #[arg(long, value_delimiter = ',', num_args = 0.., allow_negative_numbers = true)]
     pub tokens: Vec<u32>,
     /// Where the generated kernels (MoE, dense MLP, LM head) run.
     #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
