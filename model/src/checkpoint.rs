@@ -28,7 +28,7 @@ pub enum LoadError {
     NoWeights { path: PathBuf },
     #[error("`{path}` is not a valid shard index: {why}")]
     Index { path: PathBuf, why: String },
-    #[error("`{path}` is not a checkpoint directory (config.json and safetensors files)")]
+    #[error("`{path}` is a file, not a checkpoint directory (config.json and safetensors files)")]
     NotADirectory { path: PathBuf },
     #[error("tensor `{name}` is in both `{first}` and `{second}`")]
     Duplicate {
@@ -115,7 +115,7 @@ impl Checkpoint {
     /// Maps `dir/model.safetensors`, or every shard named in `dir/model.safetensors.index.json`
     /// (each tensor listed once, and found in the shard the index names).
     pub fn open(dir: &Path) -> Result<Checkpoint, LoadError> {
-        if !dir.is_dir() {
+        if dir.is_file() {
             return Err(LoadError::NotADirectory {
                 path: dir.to_path_buf(),
             });

@@ -583,7 +583,7 @@ fn bad_arguments_are_refused_by_name_with_nothing_on_stdout() {
                 "1",
             ]),
             &[],
-            "is not a checkpoint directory",
+            "is a file, not a checkpoint directory",
         ),
         (
             generate(&["--tokens", "2,3", "--weights", "huge-pages"]),

@@ -140,7 +140,7 @@ fn with_model(args: &ModelArgs, job: impl Job) -> Result<ExitCode, CommandError>
             "no tokens: give --tokens (or --prompt)".into(),
         ));
     }
-    if !args.model.is_dir() {
+    if args.model.is_file() {
         return Err(crate::checkpoint::LoadError::NotADirectory {
             path: args.model.clone(),
         }
