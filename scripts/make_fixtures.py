@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""Makes the Gemma-4 oracle fixtures under tests/fixtures/: tiny random Gemma-4 MoE checkpoints
+"""Makes the oracle fixtures under tests/fixtures/: tiny random Gemma-4 MoE checkpoints
 (one f32 in the `gemma4_text` layout, one bf16 in the multimodal `gemma4` layout with hub-style
 `global_head_dim` keys and `model.language_model.` names) and what Hugging Face transformers
 computes for them: logits of every row and greedy tokens with each step's top-2 margin.
 
     pip install torch transformers safetensors
-    python3 scripts/make_fixtures.py
+    python3 scripts/make_fixtures.py [gemma4] [qwen3]    (both when none is named)
+
+Qwen3-MoE: tiny random Qwen3MoeForCausalLM checkpoints, one f32 (untied head, the config as
+transformers 5 saves it: `num_local_experts`, `rope_parameters`) and one bf16 (tied head, the
+hub's spellings: `num_experts`, top-level `rope_theta`), each with a dense layer
+(`mlp_only_layers`), per-expert tensors, and for bf16 the gap between transformers' native
+bf16 compute and f32 compute of the same weights (the yardstick the bf16 test is held to).
 
 Both attention kinds, a prompt longer than the sliding window, MoE on, and norm weights, router
 scales and layer scalars drawn away from their initial 1 (so mistakes in them show).
@@ -157,7 +163,87 @@ def write(name, model, dtype, multimodal):
     print(name, "greedy", tokens, "min margin", min(margins))
 
 
+def qwen3_build(seed, tied):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    torch.manual_seed(seed)
+    cfg = Qwen3MoeConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[2], max_position_embeddings=1024, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        tie_word_embeddings=tied, initializer_range=0.05, pad_token_id=0, bos_token_id=2,
+        eos_token_id=1,
+    )
+    cfg._attn_implementation = "eager"
+    model = Qwen3MoeForCausalLM(cfg).to(torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+        for layer in model.model.layers:
+            if hasattr(layer.mlp, "gate"):
+                # Router logits of std ~2: decisive routes (a 16-bit rounding does not flip them)
+                # that are not one-hot either.
+                layer.mlp.gate.weight.normal_(0.0, 0.3)
+        # Logits with top-2 margins to test greedy choices by, neither flat nor one token
+        # everywhere (a tied head scores each row against the embedding itself).
+        model.model.embed_tokens.weight.normal_(0.0, 0.3 if tied else 0.5)
+        if not tied:
+            model.lm_head.weight.normal_(0.0, 0.15)
+    if hasattr(model, "set_experts_implementation"):
+        try:
+            model.set_experts_implementation("eager")
+        except Exception:  # noqa: BLE001
+            pass
+    return model
+
+
+def rel_l2(a, b):
+    return float(((a - b).double().norm() / b.double().norm()).item())
+
+
+def qwen3_write(name, model, dtype, hub_spelling):
+    path = os.path.join(OUT, name)
+    shutil.rmtree(path, ignore_errors=True)
+    model = model.to(dtype)
+    ids = torch.randint(3, model.config.vocab_size, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(7))
+    logits, tokens, margins = reference(model, ids)
+    with torch.no_grad():
+        logits_f32 = model.float()(input_ids=ids, use_cache=False).logits[0].float()
+    model = model.to(dtype)
+    model.save_pretrained(path, safe_serialization=True)
+    gen = os.path.join(path, "generation_config.json")
+    if os.path.exists(gen):
+        os.remove(gen)
+    cfgp = os.path.join(path, "config.json")
+    c = json.load(open(cfgp))
+    if hub_spelling:
+        c["num_experts"] = c.pop("num_local_experts")
+        c["rope_theta"] = c.pop("rope_parameters")["rope_theta"]
+    json.dump(c, open(cfgp, "w"), indent=1)
+    json.dump({
+        "tokens": ids[0].tolist(),
+        "logits": logits.tolist(),
+        "logits_f32_compute": logits_f32.tolist(),
+        # transformers' own bf16 compute against f32 compute of the same stored weights.
+        "native_gap_rel_l2": rel_l2(logits, logits_f32),
+        "greedy": tokens,
+        "margins": margins,
+        "dtype": str(dtype).replace("torch.", ""),
+        "transformers": __import__("transformers").__version__,
+        "torch": torch.__version__,
+    }, open(os.path.join(path, "expected.json"), "w"))
+    print(name, "greedy", tokens, "min margin", min(margins), "native gap", rel_l2(logits, logits_f32))
+
+
 if __name__ == "__main__":
+    import sys
     os.makedirs(OUT, exist_ok=True)
-    write("tiny-gemma4-moe-f32", build(1), torch.float32, multimodal=False)
-    write("tiny-gemma4-moe-bf16", build(2), torch.bfloat16, multimodal=True)
+    families = sys.argv[1:] or ["gemma4", "qwen3"]
+    if "gemma4" in families:
+        write("tiny-gemma4-moe-f32", build(1), torch.float32, multimodal=False)
+        write("tiny-gemma4-moe-bf16", build(2), torch.bfloat16, multimodal=True)
+    if "qwen3" in families:
+        qwen3_write("tiny-qwen3-moe-f32", qwen3_build(11, tied=False), torch.float32, hub_spelling=False)
+        qwen3_write("tiny-qwen3-moe-bf16", qwen3_build(12, tied=True), torch.bfloat16, hub_spelling=True)

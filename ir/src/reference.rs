@@ -198,17 +198,21 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// LM head logits of the final row, for the vocabulary rows `rows`: `softcap(h[T-1] . emb[v])`.
+/// LM head logits of the final row, for the vocabulary rows `rows`: `softcap(h[T-1] . emb[v])`,
+/// or the plain products without a cap.
 pub fn lm_head_row<W: Real>(
     s: &Shape,
     hidden: &[W],
     emb: &[W],
-    cap: f64,
+    cap: Option<f64>,
     rows: &[usize],
 ) -> Vec<f64> {
     let last = &hidden[(s.t - 1) * s.h..s.t * s.h];
     rows.iter()
-        .map(|&v| softcap(dot(last, &emb[v * s.h..(v + 1) * s.h]), cap))
+        .map(|&v| {
+            let x = dot(last, &emb[v * s.h..(v + 1) * s.h]);
+            cap.map_or(x, |cap| softcap(x, cap))
+        })
         .collect()
 }
 

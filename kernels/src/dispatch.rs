@@ -369,8 +369,8 @@ fn specificity(k: &Kernel) -> (usize, usize, usize) {
     )
 }
 
-/// Runs the chosen (or requested) variant: inputs are validated and the choice is made before any
-/// output is written.
+/// Runs the chosen (or requested) variant of the inputs' op with the default activation:
+/// inputs are validated and the choice is made before any output is written.
 pub fn run<W: Elem>(
     entries: &[KernelEntry],
     backend: &Backend,
@@ -379,7 +379,22 @@ pub fn run<W: Elem>(
     out: &mut [f32],
     requested: Option<&str>,
 ) -> Result<(Choice, backend::Ran), DispatchError> {
-    let choice = choose(entries, backend, inputs.op(), W::DTYPE, shape, requested)?;
+    let task = Task::from(inputs.op());
+    run_task(entries, backend, task, shape, inputs, out, requested)
+}
+
+/// [`run`] for `task`: the inputs' op with the activation `task` names.
+pub fn run_task<W: Elem>(
+    entries: &[KernelEntry],
+    backend: &Backend,
+    task: Task,
+    shape: &Shape,
+    inputs: &Inputs<'_, W>,
+    out: &mut [f32],
+    requested: Option<&str>,
+) -> Result<(Choice, backend::Ran), DispatchError> {
+    assert_eq!(task.op, inputs.op(), "a task runs on its own op's inputs");
+    let choice = choose(entries, backend, task, W::DTYPE, shape, requested)?;
     inputs.validate(shape, out.len())?;
     let entry = entries
         .iter()

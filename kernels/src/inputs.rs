@@ -40,11 +40,13 @@ pub enum Inputs<'a, W, A = W> {
         up: &'a [W],
         down: &'a [W],
     },
-    /// `hidden [T, H]` (only row T-1 is read), `emb [V, H]`, and the final softcap.
+    /// `hidden [T, H]` (only row T-1 is read), `emb [V, H]`, and the final softcap
+    /// (`cap * tanh(x / cap)`), if the model has one (Gemma does; Qwen3, Mixtral, DeepSeek and
+    /// gpt-oss do not).
     LmHeadRow {
         hidden: &'a [A],
         emb: &'a [W],
-        softcap: f32,
+        softcap: Option<f32>,
     },
 }
 
@@ -166,11 +168,11 @@ impl<'a, W: bytemuck::Pod, A: bytemuck::Pod> Inputs<'a, W, A> {
         Some(self.bound()[i])
     }
 
-    /// The final logit softcap, for the LM head (0 for every other op).
-    pub fn softcap(&self) -> f32 {
+    /// The final logit softcap, for the LM head with one (`None` for every other op).
+    pub fn softcap(&self) -> Option<f32> {
         match *self {
             Inputs::LmHeadRow { softcap, .. } => softcap,
-            _ => 0.0,
+            _ => None,
         }
     }
 

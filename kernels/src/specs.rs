@@ -141,6 +141,26 @@ kernel! {
         select:  grouped E by R;
     }
 
+    /// The general decode fallback with SiLU experts (Qwen3-MoE, Mixtral, DeepSeek): the same
+    /// schedule, the activation swapped.
+    pub general_expert_ffn_gather_silu = expert_ffn {
+        dims:       T, R, E, H, F;
+        dtypes:     f16, bf16, f32;
+        targets:    cpu, wgpu;
+        activation: silu;
+        select:     gather E by R;
+        cores:      R = 8;
+    }
+
+    /// The general prefill fallback with SiLU experts.
+    pub general_expert_ffn_grouped_silu = expert_ffn {
+        dims:       T = 2.., R, E, H, F;
+        dtypes:     f16, bf16, f32;
+        targets:    cpu;
+        activation: silu;
+        select:     grouped E by R;
+    }
+
     /// General gate/up over gathered routes, unblocked.
     pub general_gate_up = gate_up {
         dims:    T, R, E, H, F;
@@ -164,6 +184,14 @@ kernel! {
         dims:    T, H, F;
         dtypes:  f16, bf16, f32;
         targets: cpu, wgpu;
+    }
+
+    /// A dense SiLU MLP, any size (Qwen3-MoE's dense layers).
+    pub general_dense_mlp_silu = dense_mlp {
+        dims:       T, H, F;
+        dtypes:     f16, bf16, f32;
+        targets:    cpu, wgpu;
+        activation: silu;
     }
 
     /// The 26B-A4B dense MLP (F 2112): gate/up rows split over two cores' worth of units, down
@@ -201,9 +229,12 @@ pub fn all() -> &'static [KernelEntry] {
             prefill_expert_ffn_grouped::entry(),
             general_expert_ffn_gather::entry(),
             general_expert_ffn_grouped::entry(),
+            general_expert_ffn_gather_silu::entry(),
+            general_expert_ffn_grouped_silu::entry(),
             general_gate_up::entry(),
             general_down::entry(),
             general_dense_mlp::entry(),
+            general_dense_mlp_silu::entry(),
             dense_mlp_26b::entry(),
             general_lm_head_row::entry(),
         ]

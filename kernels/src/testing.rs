@@ -377,7 +377,7 @@ pub struct Case<W> {
     /// The op's weight tensors, in the order of its table ([`Op::tensors`]); by name with
     /// [`Case::param`].
     pub params: Vec<Vec<W>>,
-    pub softcap: f32,
+    pub softcap: Option<f32>,
 }
 
 impl<W: Elem> Case<W> {
@@ -403,7 +403,7 @@ impl<W: Elem> Case<W> {
             weights: vec![],
             act: vec![],
             params,
-            softcap: 30.0,
+            softcap: Some(30.0),
         };
         case.reseed(seed);
         case
@@ -487,7 +487,7 @@ impl<W: Elem> Case<W> {
                 reference::dense_mlp(s, act, &self.x, p("gate"), p("up"), p("down"), row)
             }
             Op::LmHeadRow => {
-                reference::lm_head_row(s, &self.x, p("emb"), f64::from(self.softcap), &[row])
+                reference::lm_head_row(s, &self.x, p("emb"), self.softcap.map(f64::from), &[row])
             }
         }
     }

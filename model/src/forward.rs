@@ -3,7 +3,8 @@
 //! forward lives in its module ([`crate::gemma4`]).
 
 use moek_kernels::backend::Uploaded;
-use moek_kernels::dispatch::{self, Backend, Choice, DispatchError};
+use moek_kernels::dispatch::{self, Backend, Choice, DispatchError, Task};
+use moek_kernels::ir::Activation;
 use moek_kernels::ir::Target;
 use moek_kernels::{Elem, Inputs, Shape, specs};
 use thiserror::Error;
@@ -18,8 +19,6 @@ pub enum ModelError {
         what: &'static str,
         source: DispatchError,
     },
-    #[error("the model has no final_logit_softcapping; the LM head kernel applies one")]
-    NoSoftcap,
     #[error("empty input: at least one token is needed")]
     Empty,
     #[error(
@@ -153,6 +152,7 @@ pub(crate) fn run_traced<W: Elem>(
     backend: &Backend,
     layer: usize,
     what: &'static str,
+    activation: Activation,
     shape: &Shape,
     inputs: &Inputs<'_, W>,
     out: &mut [f32],
@@ -165,8 +165,12 @@ pub(crate) fn run_traced<W: Elem>(
         what,
         source,
     };
+    let task = Task {
+        op: inputs.op(),
+        activation,
+    };
     let (choice, fallback, uploaded) =
-        match dispatch::run(specs::all(), backend, shape, inputs, out, requested) {
+        match dispatch::run_task(specs::all(), backend, task, shape, inputs, out, requested) {
             Ok((choice, ran)) => (choice, None, ran.uploaded),
             // No variant of this op serves the backend: the CPU runs it, and the record says
             // why. (A refused dispatch wrote nothing, so the retry starts clean.) A requested
@@ -174,8 +178,9 @@ pub(crate) fn run_traced<W: Elem>(
             Err(e @ DispatchError::NoneEligible { .. })
                 if requested.is_none() && backend.target != Target::Cpu =>
             {
+                let cpu = Backend::cpu();
                 let (choice, _) =
-                    dispatch::run(specs::all(), &Backend::cpu(), shape, inputs, out, None)
+                    dispatch::run_task(specs::all(), &cpu, task, shape, inputs, out, None)
                         .map_err(err)?;
                 (choice, Some(e.to_string()), None)
             }

@@ -1,7 +1,25 @@
 //! The CPU-side pieces of the forward pass (until they become DSL ops): RMSNorm, RoPE, linear
 //! layers over `[out, in]` weights, attention, softmax.
 
-use crate::gemma4::config::{Config, Layer, Rope};
+/// Rotary embedding of one layer kind: `pairs` of the `head_dim / 2` frequency pairs rotate, with
+/// `inv_freq[j] = theta^(-2j / head_dim)`; the others pass through (proportional RoPE).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rope {
+    pub theta: f64,
+    pub pairs: usize,
+    /// Divides every frequency (`factor`, 1 by default).
+    pub factor: f64,
+}
+
+/// What attention needs of a layer, in any family: its heads, KV heads, head width, and the
+/// window of a sliding layer (`None`: every earlier position is visible).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heads {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub window: Option<usize>,
+}
 use moek_kernels::Elem;
 use rayon::prelude::*;
 
@@ -151,15 +169,14 @@ pub fn rope(x: &mut [f32], d: usize, positions: &[usize], inv: &[f32]) {
 /// transposed once per call, or a sum of scaled value rows when the rows are too few to pay for
 /// the transpose (decode).
 pub fn attention(
-    cfg: &Config,
-    layer: &Layer,
+    shape: Heads,
     q: &[f32],
     qpos: &[usize],
     k: &[Vec<f32>],
     v: &[Vec<f32>],
     kpos: &[usize],
 ) -> Vec<f32> {
-    let (d, kv, heads) = (layer.head_dim, layer.kv_heads, cfg.heads);
+    let (d, kv, heads) = (shape.head_dim, shape.kv_heads, shape.heads);
     let (s, n) = (qpos.len(), kpos.len());
     debug_assert!(
         kpos.is_sorted() && qpos.is_sorted(),
@@ -172,8 +189,7 @@ pub fn attention(
     let group = heads / kv;
     // Query positions per block: about 256 score rows (QB x n scores in flight per task).
     let qb = (256 / group).max(1);
-    let sliding = layer.attention == crate::gemma4::config::Attention::Sliding;
-    let visible = |p: usize, kp: usize| kp <= p && (!sliding || p - kp < cfg.window);
+    let visible = |p: usize, kp: usize| kp <= p && shape.window.is_none_or(|w| p - kp < w);
     // `vt[g]` is value head g transposed, `[d, n]`.
     let vt: Option<Vec<Vec<f32>>> = (s >= moek_cpu::gemm::STREAM_ROWS).then(|| {
         v.par_iter()
@@ -278,23 +294,21 @@ mod tests {
 
     /// The attention formula in f64, one query row and head at a time, over visible keys only.
     fn attention_f64(
-        cfg: &Config,
-        layer: &Layer,
+        shape: Heads,
         q: &[f32],
         qpos: &[usize],
         k: &[f32],
         v: &[f32],
         kpos: &[usize],
     ) -> Vec<f64> {
-        let (d, kv, heads) = (layer.head_dim, layer.kv_heads, cfg.heads);
-        let sliding = layer.attention == crate::gemma4::config::Attention::Sliding;
+        let (d, kv, heads) = (shape.head_dim, shape.kv_heads, shape.heads);
         let mut out = vec![0f64; qpos.len() * heads * d];
         for (i, &p) in qpos.iter().enumerate() {
             for h in 0..heads {
                 let g = h / (heads / kv);
                 let qh = &q[(i * heads + h) * d..][..d];
                 let seen: Vec<usize> = (0..kpos.len())
-                    .filter(|&j| kpos[j] <= p && (!sliding || p - kpos[j] < cfg.window))
+                    .filter(|&j| kpos[j] <= p && shape.window.is_none_or(|w| p - kpos[j] < w))
                     .collect();
                 let scores: Vec<f64> = seen
                     .iter()
@@ -325,7 +339,14 @@ mod tests {
         let cfg = crate::gemma4::tiny::config();
         let val = |i: usize, salt: usize| (((i * 31 + salt) % 23) as f32 - 11.0) / 9.0;
         for layer in &cfg.layers[..2] {
-            let (d, kv, heads) = (layer.head_dim, layer.kv_heads, cfg.heads);
+            let shape = Heads {
+                heads: cfg.heads,
+                kv_heads: layer.kv_heads,
+                head_dim: layer.head_dim,
+                window: (layer.attention == crate::gemma4::config::Attention::Sliding)
+                    .then_some(cfg.window),
+            };
+            let (d, kv, heads) = (shape.head_dim, shape.kv_heads, shape.heads);
             for (cached, s) in [(0, 7), (5, 6), (9, 1), (0, 1)] {
                 let n = cached + s;
                 let qpos: Vec<usize> = (cached..n).collect();
@@ -342,8 +363,8 @@ mod tests {
                         })
                         .collect()
                 };
-                let got = attention(&cfg, layer, &q, &qpos, &by_head(&k), &by_head(&v), &kpos);
-                let want = attention_f64(&cfg, layer, &q, &qpos, &k, &v, &kpos);
+                let got = attention(shape, &q, &qpos, &by_head(&k), &by_head(&v), &kpos);
+                let want = attention_f64(shape, &q, &qpos, &k, &v, &kpos);
                 for (g, w) in got.iter().zip(&want) {
                     assert!(
                         (*g as f64 - w).abs() <= 1e-5,

@@ -32,15 +32,7 @@ pub enum Attention {
     Full,
 }
 
-/// Rotary embedding of one layer kind: `pairs` of the `head_dim / 2` frequency pairs rotate, with
-/// `inv_freq[j] = theta^(-2j / head_dim)`; the others pass through (proportional RoPE).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Rope {
-    pub theta: f64,
-    pub pairs: usize,
-    /// Divides every frequency (`factor`, 1 by default).
-    pub factor: f64,
-}
+pub use crate::ops::Rope;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Layer {

@@ -6,6 +6,7 @@ use super::model::Model;
 use super::weights::{DecoderLayer, MoeBlock};
 use crate::forward::{LayerCache, ModelError, Trace, run_traced};
 use crate::ops::{self, Float, linear, normed, rms_norm, to_w};
+use moek_kernels::ir::Activation;
 use moek_kernels::{Inputs, Shape};
 
 impl<W: Float> Model<'_, W> {
@@ -51,6 +52,7 @@ impl<W: Float> Model<'_, W> {
             &self.backend,
             i,
             "dense_mlp",
+            Activation::GeluTanh,
             &shape,
             &inputs,
             &mut d,
@@ -99,6 +101,7 @@ impl<W: Float> Model<'_, W> {
             &self.backend,
             i,
             "moe",
+            Activation::GeluTanh,
             &shape,
             &inputs,
             &mut m,
@@ -174,7 +177,13 @@ impl<W: Float> Model<'_, W> {
         rms_norm(&mut k, d, Some(&lw.self_attn.k_norm), cfg.eps);
         ops::rope(&mut k, d, positions, &inv);
         cache.append(&k, &v, positions, kv, d);
-        let o = ops::attention(cfg, layer, &q, positions, &cache.k, &cache.v, &cache.pos);
+        let shape = ops::Heads {
+            heads: nh,
+            kv_heads: kv,
+            head_dim: d,
+            window: (layer.attention == Attention::Sliding).then_some(cfg.window),
+        };
+        let o = ops::attention(shape, &q, positions, &cache.k, &cache.v, &cache.pos);
         if layer.attention == Attention::Sliding {
             // Keep the last window - 1 positions: all a later query can see besides itself.
             cache.keep_last(cfg.window.saturating_sub(1), d);

@@ -9,6 +9,7 @@ use super::weights::Weights;
 use crate::forward::{Cache, CausalLm, Head, LayerCache, ModelError, Trace, mark_step, run_traced};
 use crate::ops::{Float, rms_norm, to_w};
 use moek_kernels::dispatch::{self, Backend};
+use moek_kernels::ir::Activation;
 use moek_kernels::{Elem, Inputs, Shape, specs};
 
 /// A model ready to run: config, weights and where its kernels run. It is `Sync`: several
@@ -104,7 +105,6 @@ impl<W: Float> Model<'_, W> {
                 vocab: cfg.vocab,
             });
         }
-        let softcap = cfg.softcap.ok_or(ModelError::NoSoftcap)?;
         // A forced variant is checked before anything changes.
         if let (Some(name), Some(moe)) = (&self.variant, cfg.moe) {
             let shape = self.moe_shape(s, moe);
@@ -157,13 +157,14 @@ impl<W: Float> Model<'_, W> {
                 let inputs = Inputs::LmHeadRow {
                     hidden: &hidden,
                     emb: self.weights.head(),
-                    softcap,
+                    softcap: cfg.softcap,
                 };
                 let mut logits = vec![0f32; cfg.vocab];
                 run_traced(
                     &self.backend,
                     usize::MAX,
                     "lm_head",
+                    Activation::GeluTanh,
                     &shape,
                     &inputs,
                     &mut logits,

@@ -615,7 +615,9 @@ fn lm_head_row(k: &Kernel) -> TokenStream {
                     // SAFETY: this unit owns vocabulary rows c0..c1.
                     let o = unsafe { shared.slice(c0, c1 - c0) };
                     cpu::matvec_segments(last, emb, h_n, c0..c1, h_blocks, o);
-                    cpu::softcap_slice(o, softcap);
+                    if let Some(cap) = softcap {
+                        cpu::softcap_slice(o, cap);
+                    }
                 }
             });
         }

@@ -49,6 +49,7 @@ fn gelu_tanh(x: f32) -> f32 {
 }
 
 pub(super) const SOFTCAP: &str = "fn softcap(x: f32, cap: f32) -> f32 {
+    if (cap <= 0.0) { return x; }
     return cap * tanh(clamp(x / cap, -15.0, 15.0));
 }
 
