@@ -51,7 +51,7 @@ pub enum LoadError {
         found: String,
     },
     #[error(transparent)]
-    Config(#[from] crate::gemma4::config::ConfigError),
+    Config(#[from] crate::config::ConfigError),
 }
 
 /// Where a loaded weight matrix lives.
@@ -270,6 +270,34 @@ impl Checkpoint {
             self.release(e.shard, start..start + size_of_val(chunk));
         }
         Ok(Cow::Owned(copy))
+    }
+
+    /// The tensors `parts` (each its names and shape, all in `W`) copied one after another into
+    /// one matrix, in huge pages when `residence` says so. Each part's mapped pages are released
+    /// once it is copied, so the gathered matrix is the only copy left resident (per-expert
+    /// checkpoint tensors gathered into one bank).
+    pub fn gather<W: Elem>(
+        &self,
+        parts: &[(Vec<String>, Vec<usize>)],
+        residence: Residence,
+    ) -> Result<Vec<W>, LoadError> {
+        let mut total = 0usize;
+        for (names, shape) in parts {
+            check_shape(self.find(names)?.0, &self.find(names)?.1.shape, shape)?;
+            total += shape.iter().product::<usize>();
+        }
+        let mut out = match residence {
+            Residence::HugePages => moek_cpu::memory::huge_capacity::<W>(total),
+            Residence::Mapped => Vec::with_capacity(total),
+        };
+        for (names, shape) in parts {
+            let part = self.tensor::<W>(names, shape)?;
+            out.extend_from_slice(&part);
+            drop(part);
+            let e = self.find(names)?.1;
+            self.release(e.shard, e.bytes.clone());
+        }
+        Ok(out)
     }
 
     /// Unmaps `bytes` of shard `shard`'s map from this process: the file's pages stay in the page

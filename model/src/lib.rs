@@ -9,8 +9,10 @@
 
 pub mod checkpoint;
 pub mod commands;
+pub mod config;
 pub mod forward;
 pub mod gemma4;
 pub mod generate;
 pub mod limits;
 pub mod ops;
+pub mod qwen3;

@@ -1,29 +1,10 @@
 //! Gemma-4 text configuration from a Hugging Face `config.json` (`model_type` `gemma4_text`, or
 //! `gemma4` with its `text_config`). Features this crate does not implement are refused by name.
 
+pub use crate::config::ConfigError;
+use crate::config::{Reader, invalid};
 use serde_json::Value;
 use std::path::Path;
-use thiserror::Error;
-
-#[derive(Debug, Error)]
-pub enum ConfigError {
-    #[error("cannot read `{path}`: {why}")]
-    Read { path: String, why: String },
-    #[error("config key `{key}` is missing")]
-    Missing { key: String },
-    #[error("config key `{key}` is {found}; expected {expected}")]
-    Invalid {
-        key: String,
-        expected: String,
-        found: String,
-    },
-    #[error("config asks for {feature} (`{key}` = {value}), which moek does not implement")]
-    Unsupported {
-        feature: &'static str,
-        key: &'static str,
-        value: String,
-    },
-}
 
 /// Attention kind of a layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,16 +53,7 @@ pub struct Config {
 impl Config {
     /// Reads `dir/config.json`.
     pub fn load(dir: &Path) -> Result<Config, ConfigError> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| ConfigError::Read {
-            path: path.display().to_string(),
-            why: e.to_string(),
-        })?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| ConfigError::Read {
-            path: path.display().to_string(),
-            why: e.to_string(),
-        })?;
-        Config::from_json(&v)
+        Config::from_json(&crate::config::read(dir)?)
     }
 
     pub fn from_json(v: &Value) -> Result<Config, ConfigError> {
@@ -370,58 +342,4 @@ fn rope(t: &Value, kind: Attention, head_dim: usize) -> Result<Rope, ConfigError
         pairs,
         factor: p.f64_or("factor", 1.0)?,
     })
-}
-
-/// The largest size or count a config may give (2^24: above every real model's vocabulary,
-/// widths and layer counts, and small enough that products of a few never overflow).
-pub const MAX_SIZE: usize = 1 << 24;
-
-/// Typed reads of one JSON object, errors naming the key.
-struct Reader<'a>(&'a Value);
-
-impl Reader<'_> {
-    fn opt_usize(&self, key: &str) -> Result<Option<usize>, ConfigError> {
-        match self.0.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .filter(|&x| x <= MAX_SIZE as u64)
-                .map(|x| Some(x as usize))
-                .ok_or_else(|| invalid(key, &format!("an integer from 0 to {MAX_SIZE}"), v)),
-        }
-    }
-    fn usize(&self, key: &str) -> Result<usize, ConfigError> {
-        self.opt_usize(key)?.ok_or_else(|| ConfigError::Missing {
-            key: key.to_string(),
-        })
-    }
-    fn usize_or(&self, key: &str, default: usize) -> Result<usize, ConfigError> {
-        Ok(self.opt_usize(key)?.unwrap_or(default))
-    }
-    fn opt_f64(&self, key: &str) -> Result<Option<f64>, ConfigError> {
-        match self.0.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| invalid(key, "a number", v)),
-        }
-    }
-    fn f64_or(&self, key: &str, default: f64) -> Result<f64, ConfigError> {
-        Ok(self.opt_f64(key)?.unwrap_or(default))
-    }
-    fn bool_or(&self, key: &str, default: bool) -> Result<bool, ConfigError> {
-        match self.0.get(key) {
-            None | Some(Value::Null) => Ok(default),
-            Some(v) => v.as_bool().ok_or_else(|| invalid(key, "true or false", v)),
-        }
-    }
-}
-
-fn invalid(key: &str, expected: &str, found: &Value) -> ConfigError {
-    ConfigError::Invalid {
-        key: key.to_string(),
-        expected: expected.to_string(),
-        found: found.to_string(),
-    }
 }

@@ -1,0 +1,253 @@
+//! Qwen3-MoE configuration from a Hugging Face `config.json`, in both spellings found in the
+//! wild: the hub's (`num_experts`, a top-level `rope_theta`) and what transformers 5 writes
+//! (`num_local_experts`, `rope_parameters`). Features this crate does not implement are refused
+//! by name.
+
+pub use crate::config::ConfigError;
+use crate::config::{Reader, invalid};
+use crate::ops::Rope;
+use serde_json::Value;
+use std::path::Path;
+
+/// Whether a layer's feed-forward is the routed experts or a dense MLP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mlp {
+    Sparse,
+    Dense,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Moe {
+    pub experts: usize,
+    pub top_k: usize,
+    /// Each expert's width (`moe_intermediate_size`).
+    pub intermediate: usize,
+    /// Renormalise the top-k probabilities to sum to 1 (`norm_topk_prob`).
+    pub norm_topk_prob: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub vocab: usize,
+    pub hidden: usize,
+    /// The dense MLP's width (`intermediate_size`), for `Mlp::Dense` layers.
+    pub intermediate: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub eps: f32,
+    pub rope: Rope,
+    /// Positions a sequence may reach (`max_position_embeddings`).
+    pub context: usize,
+    pub layers: Vec<Mlp>,
+    pub moe: Moe,
+    /// The LM head is the embedding (`tie_word_embeddings`).
+    pub tied: bool,
+    pub eos: Vec<u32>,
+}
+
+impl Config {
+    /// Reads `dir/config.json`.
+    pub fn load(dir: &Path) -> Result<Config, ConfigError> {
+        Config::from_json(&crate::config::read(dir)?)
+    }
+
+    pub fn from_json(v: &Value) -> Result<Config, ConfigError> {
+        match v.get("model_type").and_then(Value::as_str) {
+            Some("qwen3_moe") => {}
+            other => {
+                return Err(ConfigError::Invalid {
+                    key: "model_type".into(),
+                    expected: "`qwen3_moe`".into(),
+                    found: other.map_or("absent".into(), |s| format!("`{s}`")),
+                });
+            }
+        }
+        let r = Reader(v);
+        refuse(&r)?;
+        let hidden = r.usize("hidden_size")?;
+        let heads = r.usize("num_attention_heads")?;
+        let kv_heads = r.usize_or("num_key_value_heads", heads)?;
+        let head_dim = r.usize_or("head_dim", hidden / heads.max(1))?;
+        let n = r.usize("num_hidden_layers")?;
+        let experts = match r.opt_usize("num_experts")? {
+            Some(e) => e,
+            None => r.usize("num_local_experts")?,
+        };
+        let step = r.usize_or("decoder_sparse_step", 1)?;
+        let dense = dense_layers(&r, n)?;
+        let layers = (0..n)
+            .map(|i| {
+                let sparse = !dense.contains(&i) && experts > 0 && step > 0 && (i + 1) % step == 0;
+                if sparse { Mlp::Sparse } else { Mlp::Dense }
+            })
+            .collect();
+        let eos = match v.get("eos_token_id") {
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(Value::as_u64)
+                .map(|x| x as u32)
+                .collect(),
+            Some(x) => x.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+            None => vec![],
+        };
+        let cfg = Config {
+            vocab: r.usize("vocab_size")?,
+            hidden,
+            intermediate: r.usize("intermediate_size")?,
+            heads,
+            kv_heads,
+            head_dim,
+            eps: r.f64_or("rms_norm_eps", 1e-6)? as f32,
+            rope: Rope {
+                theta: rope_theta(v)?,
+                pairs: head_dim / 2,
+                factor: 1.0,
+            },
+            context: r.usize_or("max_position_embeddings", 40_960)?,
+            layers,
+            moe: Moe {
+                experts,
+                top_k: r.usize("num_experts_per_tok")?,
+                intermediate: r.usize("moe_intermediate_size")?,
+                norm_topk_prob: r.bool_or("norm_topk_prob", false)?,
+            },
+            tied: r.bool_or("tie_word_embeddings", false)?,
+            eos,
+        };
+        cfg.sane()?;
+        Ok(cfg)
+    }
+
+    /// Sizes that must be positive are; heads group evenly; top-k picks among the experts.
+    fn sane(&self) -> Result<(), ConfigError> {
+        let positive = [
+            ("vocab_size", self.vocab),
+            ("hidden_size", self.hidden),
+            ("num_attention_heads", self.heads),
+            ("num_hidden_layers", self.layers.len()),
+            ("max_position_embeddings", self.context),
+        ];
+        for (key, n) in positive {
+            if n == 0 {
+                return Err(invalid(key, "at least 1", &n.into()));
+            }
+        }
+        if self.kv_heads == 0 || self.heads % self.kv_heads != 0 || self.head_dim % 2 != 0 {
+            return Err(ConfigError::Invalid {
+                key: "attention".into(),
+                expected: "kv heads dividing num_attention_heads and an even head_dim".into(),
+                found: format!(
+                    "{} heads, {} kv heads, head_dim {}",
+                    self.heads, self.kv_heads, self.head_dim
+                ),
+            });
+        }
+        let m = self.moe;
+        let sparse = self.layers.contains(&Mlp::Sparse);
+        if sparse && (m.top_k == 0 || m.top_k > m.experts || m.intermediate == 0) {
+            return Err(ConfigError::Invalid {
+                key: "num_experts_per_tok / moe_intermediate_size".into(),
+                expected: "top-k from 1 to the experts, a positive expert width".into(),
+                found: format!(
+                    "{} experts, top-k {}, width {}",
+                    m.experts, m.top_k, m.intermediate
+                ),
+            });
+        }
+        if self.layers.contains(&Mlp::Dense) && self.intermediate == 0 {
+            return Err(invalid("intermediate_size", "at least 1", &0.into()));
+        }
+        if !(self.eps.is_finite() && self.eps >= 0.0) {
+            return Err(invalid(
+                "rms_norm_eps",
+                "a finite number >= 0",
+                &self.eps.into(),
+            ));
+        }
+        if !(self.rope.theta.is_finite() && self.rope.theta > 1.0) {
+            return Err(invalid(
+                "rope_theta",
+                "a finite number above 1",
+                &self.rope.theta.into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `rope_parameters.rope_theta` (transformers 5) or `rope_theta` (the hub); only the default
+/// RoPE is implemented.
+fn rope_theta(v: &Value) -> Result<f64, ConfigError> {
+    match v.get("rope_parameters") {
+        Some(p @ Value::Object(_)) => {
+            let kind = p
+                .get("rope_type")
+                .and_then(Value::as_str)
+                .unwrap_or("default");
+            if kind != "default" {
+                return Err(ConfigError::Unsupported {
+                    feature: "scaled RoPE",
+                    key: "rope_parameters.rope_type",
+                    value: format!("`{kind}`"),
+                });
+            }
+            Reader(p).f64_or("rope_theta", 10_000.0)
+        }
+        _ => {
+            if let Some(s) = v.get("rope_scaling").filter(|s| !s.is_null()) {
+                return Err(ConfigError::Unsupported {
+                    feature: "scaled RoPE",
+                    key: "rope_scaling",
+                    value: s.to_string(),
+                });
+            }
+            Reader(v).f64_or("rope_theta", 10_000.0)
+        }
+    }
+}
+
+/// `mlp_only_layers`: indices of dense layers.
+fn dense_layers(r: &Reader, n: usize) -> Result<Vec<usize>, ConfigError> {
+    match r.0.get("mlp_only_layers") {
+        None | Some(Value::Null) => Ok(vec![]),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .map(|i| i as usize)
+                    .filter(|&i| i < n)
+                    .ok_or_else(|| {
+                        invalid("mlp_only_layers", &format!("layer indices below {n}"), x)
+                    })
+            })
+            .collect(),
+        Some(other) => Err(invalid("mlp_only_layers", "a list of layer indices", other)),
+    }
+}
+
+/// Refuses the configuration features this crate does not implement, naming them.
+fn refuse(r: &Reader) -> Result<(), ConfigError> {
+    if r.bool_or("attention_bias", false)? {
+        return Err(ConfigError::Unsupported {
+            feature: "attention biases",
+            key: "attention_bias",
+            value: "true".into(),
+        });
+    }
+    if r.bool_or("use_sliding_window", false)? {
+        return Err(ConfigError::Unsupported {
+            feature: "sliding-window attention",
+            key: "use_sliding_window",
+            value: "true".into(),
+        });
+    }
+    match r.0.get("hidden_act").and_then(Value::as_str) {
+        None | Some("silu") => Ok(()),
+        Some(other) => Err(ConfigError::Unsupported {
+            feature: "an expert activation other than SiLU",
+            key: "hidden_act",
+            value: format!("`{other}`"),
+        }),
+    }
+}

@@ -1,0 +1,327 @@
+//! The Qwen3-MoE forward pass (docs/qwen3.md). Per layer: `h = x + attn(rms(x))`, then
+//! `h + mlp(rms(h))`, the MLP routed (router softmax -> top-k -> renormalised when
+//! `norm_topk_prob`) or dense. Attention is GQA with RMSNorm on each head of q and k, RoPE, and
+//! scores scaled by `head_dim^-0.5`; no softcap on the logits.
+
+use super::config::Config;
+use super::weights::{DecoderLayer, Feedforward, SparseMoe, Weights};
+use crate::forward::{Cache, CausalLm, Head, LayerCache, ModelError, Trace, mark_step, run_traced};
+use crate::ops::{self, Float, linear, normed, rms_norm, to_w};
+use moek_kernels::dispatch::{self, Backend};
+use moek_kernels::ir::{Activation, Op};
+use moek_kernels::{Elem, Inputs, Shape, specs};
+
+/// A Qwen3-MoE model ready to run (see [`crate::gemma4::model::Model`]: the same contract).
+#[derive(Debug)]
+pub struct Model<'c, W: Float> {
+    pub cfg: Config,
+    pub weights: Weights<'c, W>,
+    pub backend: Backend,
+    /// Force this MoE variant (an ineligible one fails before any state changes).
+    pub variant: Option<String>,
+}
+
+impl<'c, W: Float> Model<'c, W> {
+    /// A model whose device backend keeps its weights resident (as Gemma-4's).
+    pub fn new(
+        cfg: Config,
+        weights: Weights<'c, W>,
+        backend: Backend,
+        variant: Option<String>,
+    ) -> Self {
+        Model {
+            cfg,
+            weights,
+            backend: backend.with_resident_weights(),
+            variant,
+        }
+    }
+
+    fn moe_shape(&self, t: usize) -> Shape {
+        let m = self.cfg.moe;
+        Shape {
+            t,
+            r: m.top_k,
+            e: m.experts,
+            h: self.cfg.hidden,
+            f: m.intermediate,
+            v: 0,
+        }
+    }
+}
+
+impl<W: Float> CausalLm for Model<'_, W> {
+    fn context(&self) -> usize {
+        self.cfg.context
+    }
+
+    /// Every layer keeps every position: a key and a value of `head_dim` f32s per KV head.
+    fn cache_bytes(&self, positions: usize) -> u64 {
+        let c = &self.cfg;
+        (c.layers.len() * positions * c.kv_heads * c.head_dim * 2 * size_of::<f32>()) as u64
+    }
+
+    fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut Cache,
+        head: Head,
+        trace: &mut Vec<Trace>,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let (from, position) = (trace.len(), cache.len);
+        let rows = moek_cpu::on_pool(|| self.forward_on_pool(tokens, cache, head, trace));
+        mark_step(trace, from, position);
+        rows
+    }
+}
+
+impl<W: Float> Model<'_, W> {
+    fn forward_on_pool(
+        &self,
+        tokens: &[u32],
+        cache: &mut Cache,
+        head: Head,
+        trace: &mut Vec<Trace>,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let cfg = &self.cfg;
+        let (h, s) = (cfg.hidden, tokens.len());
+        if s == 0 {
+            return Err(ModelError::Empty);
+        }
+        if cache.len + s > cfg.context {
+            return Err(ModelError::Context {
+                positions: cache.len + s,
+                context: cfg.context,
+            });
+        }
+        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= cfg.vocab) {
+            return Err(ModelError::Token {
+                token,
+                vocab: cfg.vocab,
+            });
+        }
+        // A forced variant is checked before anything changes.
+        if let Some(name) = &self.variant {
+            let task = dispatch::Task {
+                op: Op::ExpertFfn,
+                activation: Activation::Silu,
+            };
+            dispatch::choose(
+                specs::all(),
+                &self.backend,
+                task,
+                W::DTYPE,
+                &self.moe_shape(s),
+                Some(name),
+            )
+            .map_err(|source| ModelError::Kernel {
+                layer: 0,
+                what: "moe",
+                source,
+            })?;
+        }
+        let positions: Vec<usize> = (cache.len..cache.len + s).collect();
+        let mut x: Vec<f32> = tokens
+            .iter()
+            .flat_map(|&t| self.weights.embed_tokens[t as usize * h..(t as usize + 1) * h].iter())
+            .map(|&e| Elem::to_f32(e))
+            .collect();
+        if cache.layers.is_empty() {
+            cache.layers = vec![LayerCache::default(); cfg.layers.len()];
+        }
+        for (i, lw) in self.weights.layers.iter().enumerate() {
+            x = self.layer(i, lw, &x, &positions, &mut cache.layers[i], trace)?;
+        }
+        cache.len += s;
+        rms_norm(&mut x, h, Some(&self.weights.norm), cfg.eps);
+        let rows: Vec<usize> = match head {
+            Head::Last => vec![s - 1],
+            Head::All => (0..s).collect(),
+        };
+        rows.into_iter()
+            .map(|r| {
+                let hidden = to_w::<W>(&x[r * h..(r + 1) * h]);
+                let shape = Shape {
+                    t: 1,
+                    h,
+                    v: cfg.vocab,
+                    ..Shape::default()
+                };
+                let inputs = Inputs::LmHeadRow {
+                    hidden: &hidden,
+                    emb: self.weights.head(),
+                    softcap: None,
+                };
+                let mut logits = vec![0f32; cfg.vocab];
+                let gelu = Activation::default(); // the LM head has none
+                run_traced(
+                    &self.backend,
+                    usize::MAX,
+                    "lm_head",
+                    gelu,
+                    &shape,
+                    &inputs,
+                    &mut logits,
+                    None,
+                    trace,
+                )?;
+                Ok(logits)
+            })
+            .collect()
+    }
+
+    fn layer(
+        &self,
+        i: usize,
+        lw: &DecoderLayer<'_, W>,
+        x: &[f32],
+        positions: &[usize],
+        cache: &mut LayerCache,
+        trace: &mut Vec<Trace>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let (hd, eps) = (self.cfg.hidden, self.cfg.eps);
+        let attn = self.attention(
+            lw,
+            &normed(x, hd, &lw.input_layernorm, eps),
+            positions,
+            cache,
+        );
+        let h: Vec<f32> = x.iter().zip(&attn).map(|(a, b)| a + b).collect();
+        let hn = normed(&h, hd, &lw.post_attention_layernorm, eps);
+        let m = match &lw.mlp {
+            Feedforward::Sparse(moe) => self.moe_block(i, &hn, moe, trace)?,
+            Feedforward::Dense(mlp) => {
+                let s = positions.len();
+                let xin = to_w::<W>(&hn);
+                let mut d = vec![0f32; s * hd];
+                let shape = Shape {
+                    t: s,
+                    h: hd,
+                    f: self.cfg.intermediate,
+                    ..Shape::default()
+                };
+                let inputs = Inputs::DenseMlp {
+                    x: &xin,
+                    gate: &mlp.gate_proj,
+                    up: &mlp.up_proj,
+                    down: &mlp.down_proj,
+                };
+                run_traced(
+                    &self.backend,
+                    i,
+                    "dense_mlp",
+                    Activation::Silu,
+                    &shape,
+                    &inputs,
+                    &mut d,
+                    None,
+                    trace,
+                )?;
+                d
+            }
+        };
+        Ok(h.iter().zip(&m).map(|(a, b)| a + b).collect())
+    }
+
+    /// The router and the experts of the normed residual `hn` (`[S, H]`).
+    fn moe_block(
+        &self,
+        i: usize,
+        hn: &[f32],
+        moe: &SparseMoe<W>,
+        trace: &mut Vec<Trace>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let (hd, m) = (self.cfg.hidden, self.cfg.moe);
+        let s = hn.len() / hd;
+        let logits = linear(hn, s, &moe.gate, m.experts, hd);
+        let mut idx = Vec::with_capacity(s * m.top_k);
+        let mut weights = Vec::with_capacity(s * m.top_k);
+        for row in logits.chunks(m.experts) {
+            let p = ops::softmax(row);
+            let mut order: Vec<usize> = (0..m.experts).collect();
+            // Largest first; ties to the lower expert index (stable).
+            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+            let top = &order[..m.top_k];
+            let sum: f32 = if m.norm_topk_prob {
+                top.iter().map(|&e| p[e]).sum()
+            } else {
+                1.0
+            };
+            for &e in top {
+                idx.push(e as u32);
+                // The routing weight in the model's dtype, as transformers casts it.
+                weights.push(Elem::to_f32(<W as Elem>::from_f32(p[e] / sum)));
+            }
+        }
+        let xe = to_w::<W>(hn);
+        let mut out = vec![0f32; s * hd];
+        let inputs = Inputs::ExpertFfn {
+            x: &xe,
+            idx: &idx,
+            weights: &weights,
+            gate_up: &moe.gate_up_proj,
+            down: &moe.down_proj,
+        };
+        let shape = self.moe_shape(s);
+        let forced = self.variant.as_deref();
+        run_traced(
+            &self.backend,
+            i,
+            "moe",
+            Activation::Silu,
+            &shape,
+            &inputs,
+            &mut out,
+            forced,
+            trace,
+        )?;
+        Ok(out)
+    }
+
+    /// Attention of the new rows `xn` (`[S, H]`, normed) against the cache and themselves.
+    fn attention(
+        &self,
+        lw: &DecoderLayer<'_, W>,
+        xn: &[f32],
+        positions: &[usize],
+        cache: &mut LayerCache,
+    ) -> Vec<f32> {
+        let cfg = &self.cfg;
+        let (hd, d, kv, nh, s) = (
+            cfg.hidden,
+            cfg.head_dim,
+            cfg.kv_heads,
+            cfg.heads,
+            positions.len(),
+        );
+        let a = &lw.self_attn;
+        let mats: Vec<(&[W], usize)> = vec![
+            (&a.q_proj, nh * d),
+            (&a.k_proj, kv * d),
+            (&a.v_proj, kv * d),
+        ];
+        let mut qkv = ops::linears(xn, s, &mats, hd).into_iter();
+        let (mut q, mut k, v) = (
+            qkv.next().expect("q"),
+            qkv.next().expect("k"),
+            qkv.next().expect("v"),
+        );
+        let inv = ops::inv_freq(&cfg.rope, d);
+        rms_norm(&mut q, d, Some(&a.q_norm), cfg.eps);
+        ops::rope(&mut q, d, positions, &inv);
+        // The score scale, applied to the queries (`ops::attention` scores with scale 1).
+        let scale = (d as f32).powf(-0.5);
+        q.iter_mut().for_each(|x| *x *= scale);
+        rms_norm(&mut k, d, Some(&a.k_norm), cfg.eps);
+        ops::rope(&mut k, d, positions, &inv);
+        cache.append(&k, &v, positions, kv, d);
+        let heads = ops::Heads {
+            heads: nh,
+            kv_heads: kv,
+            head_dim: d,
+            window: None,
+        };
+        let o = ops::attention(heads, &q, positions, &cache.k, &cache.v, &cache.pos);
+        linear(&o, s, &a.o_proj, hd, nh * d)
+    }
+}

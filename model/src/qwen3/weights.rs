@@ -1,0 +1,148 @@
+//! The weights of a Qwen3-MoE model, each field named after its checkpoint key
+//! (`model.layers.{i}.mlp.gate.weight` is `layers[i].mlp` `Sparse(..).gate`). Each expert is
+//! its own tensors in the checkpoint (`mlp.experts.{j}.gate_proj.weight`, ...); they are
+//! gathered at load into the one bank layout every MoE variant reads: `gate_up_proj`
+//! `[E, 2F, H]` (gate rows first) and `down_proj` `[E, H, F]`, with no second copy resident.
+
+use super::config::{Config, Mlp as Kind};
+use crate::checkpoint::{Checkpoint, LoadError, Residence};
+use moek_kernels::Elem;
+use std::borrow::Cow;
+
+/// `self_attn.*`.
+#[derive(Debug)]
+pub struct SelfAttn<'c, W: Clone> {
+    pub q_proj: Cow<'c, [W]>,
+    pub k_proj: Cow<'c, [W]>,
+    pub v_proj: Cow<'c, [W]>,
+    pub o_proj: Cow<'c, [W]>,
+    pub q_norm: Vec<f32>,
+    pub k_norm: Vec<f32>,
+}
+
+/// A dense `mlp.*` (the layers of `mlp_only_layers`).
+#[derive(Debug)]
+pub struct Mlp<'c, W: Clone> {
+    pub gate_proj: Cow<'c, [W]>,
+    pub up_proj: Cow<'c, [W]>,
+    pub down_proj: Cow<'c, [W]>,
+}
+
+/// The routed `mlp.*`: the router (`gate`) and the gathered expert banks.
+#[derive(Debug)]
+pub struct SparseMoe<W: Clone> {
+    /// `[E, H]`.
+    pub gate: Vec<W>,
+    /// `[E, 2F, H]`, gate rows first.
+    pub gate_up_proj: Vec<W>,
+    /// `[E, H, F]`.
+    pub down_proj: Vec<W>,
+}
+
+/// A layer's feed-forward.
+#[derive(Debug)]
+pub enum Feedforward<'c, W: Clone> {
+    Sparse(SparseMoe<W>),
+    Dense(Mlp<'c, W>),
+}
+
+/// `model.layers.{i}.*`.
+#[derive(Debug)]
+pub struct DecoderLayer<'c, W: Clone> {
+    pub input_layernorm: Vec<f32>,
+    pub post_attention_layernorm: Vec<f32>,
+    pub self_attn: SelfAttn<'c, W>,
+    pub mlp: Feedforward<'c, W>,
+}
+
+/// The whole model.
+#[derive(Debug)]
+pub struct Weights<'c, W: Clone> {
+    pub embed_tokens: Cow<'c, [W]>,
+    /// `lm_head.weight`; `None` when tied to the embedding.
+    pub lm_head: Option<Cow<'c, [W]>>,
+    pub norm: Vec<f32>,
+    pub layers: Vec<DecoderLayer<'c, W>>,
+}
+
+impl<W: Clone> Weights<'_, W> {
+    /// The LM head matrix `[V, H]`.
+    pub fn head(&self) -> &[W] {
+        self.lm_head.as_deref().unwrap_or(&self.embed_tokens)
+    }
+}
+
+fn key(s: &str) -> Vec<String> {
+    vec![s.to_string()]
+}
+
+/// Loads every weight `cfg` needs from `ck`, checking names, shapes and dtypes; `progress` is
+/// called after each layer.
+pub fn load<'c, W: Elem>(
+    ck: &'c Checkpoint,
+    cfg: &Config,
+    residence: Residence,
+    mut progress: impl FnMut(usize),
+) -> Result<Weights<'c, W>, LoadError> {
+    let (h, v, d) = (cfg.hidden, cfg.vocab, cfg.head_dim);
+    let (nh, kv) = (cfg.heads, cfg.kv_heads);
+    let matrix = |name: &str, shape: &[usize]| ck.matrix::<W>(&key(name), shape, residence);
+    let embed_tokens = matrix("model.embed_tokens.weight", &[v, h])?;
+    let lm_head = match cfg.tied {
+        true => None,
+        false => Some(matrix("lm_head.weight", &[v, h])?),
+    };
+    let norm = ck.f32s(&key("model.norm.weight"), &[h])?;
+    let mut layers = vec![];
+    for (i, kind) in cfg.layers.iter().enumerate() {
+        let k = |s: &str| format!("model.layers.{i}.{s}");
+        let mlp = match kind {
+            Kind::Dense => {
+                let f = cfg.intermediate;
+                Feedforward::Dense(Mlp {
+                    gate_proj: matrix(&k("mlp.gate_proj.weight"), &[f, h])?,
+                    up_proj: matrix(&k("mlp.up_proj.weight"), &[f, h])?,
+                    down_proj: matrix(&k("mlp.down_proj.weight"), &[h, f])?,
+                })
+            }
+            Kind::Sparse => {
+                let (e, f) = (cfg.moe.experts, cfg.moe.intermediate);
+                let expert = |j: usize, w: &str, shape: [usize; 2]| {
+                    (
+                        key(&k(&format!("mlp.experts.{j}.{w}.weight"))),
+                        shape.to_vec(),
+                    )
+                };
+                let gate_up: Vec<_> = (0..e)
+                    .flat_map(|j| [expert(j, "gate_proj", [f, h]), expert(j, "up_proj", [f, h])])
+                    .collect();
+                let down: Vec<_> = (0..e).map(|j| expert(j, "down_proj", [h, f])).collect();
+                Feedforward::Sparse(SparseMoe {
+                    gate: matrix(&k("mlp.gate.weight"), &[e, h])?.into_owned(),
+                    gate_up_proj: ck.gather(&gate_up, residence)?,
+                    down_proj: ck.gather(&down, residence)?,
+                })
+            }
+        };
+        layers.push(DecoderLayer {
+            input_layernorm: ck.f32s(&key(&k("input_layernorm.weight")), &[h])?,
+            post_attention_layernorm: ck.f32s(&key(&k("post_attention_layernorm.weight")), &[h])?,
+            self_attn: SelfAttn {
+                q_proj: matrix(&k("self_attn.q_proj.weight"), &[nh * d, h])?,
+                k_proj: matrix(&k("self_attn.k_proj.weight"), &[kv * d, h])?,
+                v_proj: matrix(&k("self_attn.v_proj.weight"), &[kv * d, h])?,
+                o_proj: matrix(&k("self_attn.o_proj.weight"), &[h, nh * d])?,
+                q_norm: ck.f32s(&key(&k("self_attn.q_norm.weight")), &[d])?,
+                k_norm: ck.f32s(&key(&k("self_attn.k_norm.weight")), &[d])?,
+            },
+            mlp,
+        });
+        progress(i + 1);
+    }
+    Ok(Weights {
+        embed_tokens,
+        lm_head,
+        norm,
+        layers,
+    })
+}
