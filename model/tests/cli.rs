@@ -638,3 +638,54 @@ fn random_prompts_are_refused_or_run() {
         },
     );
 }
+
+const QWEN3: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../tests/fixtures/tiny-qwen3-moe-f32"
+);
+
+/// The family is config.json's `model_type`: the Qwen3-MoE fixture generates with the same
+/// command, its experts and dense layer through the SiLU variants, and an unknown family is
+/// refused naming the ones there are.
+#[test]
+fn generate_runs_qwen3_moe_by_its_model_type() {
+    let (ok, out, err) = moek(&[
+        "generate",
+        "--model",
+        QWEN3,
+        "--tokens",
+        "5,6,7,8,9",
+        "--max-new-tokens",
+        "3",
+        "--greedy",
+        "--prefill-chunk",
+        "2",
+        "--explain",
+        "--format",
+        "json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 3);
+    assert!(
+        err.contains("layer 0 moe (2 tokens): general_expert_ffn_grouped_silu on cpu"),
+        "{err}"
+    );
+    assert!(
+        err.contains("layer 2 dense_mlp (1 tokens): general_dense_mlp_silu on cpu"),
+        "{err}"
+    );
+    let dir = std::env::temp_dir().join(format!("moek-cli-family-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), r#"{"model_type": "llama"}"#).unwrap();
+    let (ok, out, err) = moek(&["logits", "--model", dir.to_str().unwrap(), "--tokens", "1"]);
+    assert!(!ok && out.is_empty());
+    assert!(
+        err.contains("`model_type` is \"llama\"") || err.contains("`model_type` is `llama`"),
+        "{err}"
+    );
+    assert!(
+        err.contains("`gemma4_text` or `gemma4` (Gemma-4), `qwen3_moe` (Qwen3-MoE)"),
+        "{err}"
+    );
+}

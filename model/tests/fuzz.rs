@@ -1,9 +1,10 @@
-//! Fuzzing what a checkpoint directory holds (docs/reliability.md): mutated config.json of both
-//! Gemma-4 layouts and mutated safetensors files, loaded and, where they load, run. Never a
+//! Fuzzing what a checkpoint directory holds (docs/reliability.md): mutated config.json of every
+//! family's layouts (Gemma-4's two, Qwen3-MoE's two spellings) and mutated safetensors files, loaded and, where they load, run. Never a
 //! panic: a refusal is a typed error naming the key, tensor or file.
 
 use moek_kernels::dispatch::Backend;
 use moek_model::checkpoint::{Checkpoint, Residence};
+use moek_model::config::Family;
 use moek_model::forward::{Cache, CausalLm, Head};
 use moek_model::gemma4::config::Config;
 use moek_model::gemma4::model::Model;
@@ -19,17 +20,39 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// The saved (transformers 5) layout and the hub's.
-const FIXTURES: [&str; 2] = ["tiny-gemma4-moe-f32", "tiny-gemma4-moe-bf16"];
+/// Every family's fixtures: for each, the layout transformers 5 saves and the hub's.
+const FIXTURES: [&str; 4] = [
+    "tiny-gemma4-moe-f32",
+    "tiny-gemma4-moe-bf16",
+    "tiny-qwen3-moe-f32",
+    "tiny-qwen3-moe-bf16",
+];
 
 fn config_of(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).unwrap())
         .unwrap()
 }
 
+/// A config of either family.
+enum AnyConfig {
+    Gemma4(Config),
+    Qwen3(moek_model::qwen3::config::Config),
+}
+
+/// `v` read as the family its `model_type` names.
+fn parse(v: &Value) -> Result<AnyConfig, String> {
+    let e = |e: moek_model::config::ConfigError| e.to_string();
+    Ok(match Family::of(v).map_err(e)? {
+        Family::Gemma4 => AnyConfig::Gemma4(Config::from_json(v).map_err(e)?),
+        Family::Qwen3Moe => {
+            AnyConfig::Qwen3(moek_model::qwen3::config::Config::from_json(v).map_err(e)?)
+        }
+    })
+}
+
 /// Loads `cfg` against the checkpoint in `dir` and runs three tokens: `Ok(false)` at the first
 /// refusal (with its message checked), `Ok(true)` if it ran.
-fn load_and_run(dir: &Path, cfg: Result<Config, String>) -> Result<bool, String> {
+fn load_and_run(dir: &Path, cfg: Result<AnyConfig, String>) -> Result<bool, String> {
     let refused = |msg: String| {
         if msg.is_empty() {
             Err("an error without a message".to_string())
@@ -45,7 +68,11 @@ fn load_and_run(dir: &Path, cfg: Result<Config, String>) -> Result<bool, String>
         Ok(c) => c,
         Err(e) => return refused(e.to_string()),
     };
-    let names = weights::names("embed_tokens.weight");
+    let names = [
+        weights::names("embed_tokens.weight"),
+        vec!["model.embed_tokens.weight".into()],
+    ]
+    .concat();
     let ran = match ck.dtype(&names) {
         Ok(safetensors::Dtype::BF16) => run::<half::bf16>(&ck, cfg),
         Ok(_) => run::<f32>(&ck, cfg),
@@ -57,12 +84,23 @@ fn load_and_run(dir: &Path, cfg: Result<Config, String>) -> Result<bool, String>
     }
 }
 
-fn run<W: moek_model::ops::Float>(ck: &Checkpoint, cfg: Config) -> Result<(), String> {
-    let w = weights::load::<W>(ck, &cfg, Residence::Mapped, |_| {}).map_err(|e| e.to_string())?;
-    let m = Model::new(cfg, w, Backend::cpu(), None);
-    m.forward(&[1, 2, 3], &mut Cache::default(), Head::Last, &mut vec![])
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+fn run<W: moek_model::ops::Float>(ck: &Checkpoint, cfg: AnyConfig) -> Result<(), String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let tokens = [1, 2, 3];
+    let logits = match cfg {
+        AnyConfig::Gemma4(cfg) => {
+            let w = weights::load::<W>(ck, &cfg, Residence::Mapped, |_| {}).map_err(|x| e(&x))?;
+            let m = Model::new(cfg, w, Backend::cpu(), None);
+            m.forward(&tokens, &mut Cache::default(), Head::Last, &mut vec![])
+        }
+        AnyConfig::Qwen3(cfg) => {
+            use moek_model::qwen3;
+            let w = qwen3::weights::load::<W>(ck, &cfg, Residence::Mapped, |_| {});
+            let m = qwen3::model::Model::new(cfg, w.map_err(|x| e(&x))?, Backend::cpu(), None);
+            m.forward(&tokens, &mut Cache::default(), Head::Last, &mut vec![])
+        }
+    };
+    logits.map(|_| ()).map_err(|x| e(&x))
 }
 
 #[test]
@@ -70,16 +108,13 @@ fn mutated_configs_are_refused_by_key_or_run() {
     let fuzz = Fuzz::new("config.json", 300);
     let counts = fuzz.run(
         |rng| {
-            let name = FIXTURES[rng.random_range(0..2)];
+            let name = FIXTURES[rng.random_range(0..FIXTURES.len())];
             let mut v = config_of(name);
             let n = rng.random_range(1..=3);
             mutate_json(&mut v, n, rng);
             (name, v)
         },
-        |(name, v)| {
-            let cfg = Config::from_json(v).map_err(|e| e.to_string());
-            load_and_run(&fixture(name), cfg)
-        },
+        |(name, v)| load_and_run(&fixture(name), parse(v)),
     );
     assert!(counts.refused > 0 && counts.accepted > 0, "{counts:?}");
 }
@@ -104,7 +139,7 @@ fn mutated_safetensors_are_refused_by_file_or_run() {
         .collect();
     let counts = fuzz.run(
         |rng| {
-            let which = rng.random_range(0..2);
+            let which = rng.random_range(0..FIXTURES.len());
             let bytes = &original[which];
             let mutated = match rng.random_range(0..3) {
                 // The header's JSON: offsets, dtypes, shapes, names.
@@ -137,8 +172,8 @@ fn mutated_safetensors_are_refused_by_file_or_run() {
         },
         |case| {
             std::fs::write(dir.join("model.safetensors"), &case.mutated).unwrap();
-            let cfg = Config::load(&fixture(FIXTURES[case.which])).map_err(|e| e.to_string());
-            load_and_run(&dir, cfg)
+            let v = moek_model::config::read(&fixture(FIXTURES[case.which])).unwrap();
+            load_and_run(&dir, parse(&v))
         },
     );
     assert!(counts.refused > 0, "{counts:?}");

@@ -434,3 +434,34 @@ fn bad_shard_indexes_are_refused_by_name() {
     let e = err(&dir);
     assert!(e.contains("is in both"), "{e}");
 }
+
+/// A Qwen3-MoE checkpoint missing one expert's tensor is refused naming it.
+#[test]
+fn a_qwen3_checkpoint_missing_an_expert_tensor_names_it() {
+    use moek_model::qwen3;
+    let src =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-qwen3-moe-f32");
+    let dir = std::env::temp_dir().join(format!("moek-load-qwen3-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let gone = "model.layers.3.mlp.experts.5.up_proj.weight";
+    let kept: Vec<(String, safetensors::tensor::TensorView<'_>)> = st
+        .tensors()
+        .into_iter()
+        .filter(|(n, _)| n != gone)
+        .collect();
+    std::fs::write(
+        dir.join("model.safetensors"),
+        safetensors::serialize(kept, None).unwrap(),
+    )
+    .unwrap();
+    let cfg = qwen3::config::Config::load(&dir).unwrap();
+    let ck = Checkpoint::open(&dir).unwrap();
+    let err = qwen3::weights::load::<f32>(&ck, &cfg, Residence::Mapped, |_| {}).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("tensor `{gone}` is missing (looked for `{gone}`)")
+    );
+}

@@ -3,13 +3,15 @@
 
 use super::figures::Format;
 use super::{BackendArg, CommandError};
-use crate::checkpoint::{Checkpoint, Residence};
+use crate::checkpoint::{Checkpoint, LoadError, Residence};
+use crate::config::Family;
 use crate::forward::{Cache, CausalLm, Head, Trace};
 use crate::gemma4::config::Config;
 use crate::gemma4::model::Model;
 use crate::gemma4::weights;
 use crate::generate::{Sampling, generate};
 use crate::ops::Float;
+use crate::qwen3;
 use half::{bf16, f16};
 use safetensors::Dtype;
 use std::path::{Path, PathBuf};
@@ -17,7 +19,8 @@ use std::process::ExitCode;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// A Hugging Face Gemma-4 checkpoint directory (config.json + safetensors).
+    /// A Hugging Face checkpoint directory (config.json + safetensors) of a family moek runs:
+    /// Gemma-4 (`gemma4_text`, `gemma4`) or Qwen3-MoE (`qwen3_moe`), by its `model_type`.
     #[arg(long)]
     pub model: PathBuf,
     /// Comma-separated token ids. (A negative one is read as a value, so the error names
@@ -86,9 +89,10 @@ pub struct GenerateArgs {
     pub seed: u64,
 }
 
-/// What to do with a loaded model, for any storage dtype.
+/// What to do with a loaded model, of any family and storage dtype (`eos`: its stop tokens
+/// from config.json).
 trait Job {
-    fn run<W: Float>(self, model: &Model<'_, W>) -> Result<ExitCode, CommandError>;
+    fn run(self, model: &impl CausalLm, eos: &[u32]) -> Result<ExitCode, CommandError>;
 }
 
 pub fn logits(args: &LogitsArgs) -> Result<ExitCode, CommandError> {
@@ -141,31 +145,99 @@ fn with_model(args: &ModelArgs, job: impl Job) -> Result<ExitCode, CommandError>
         ));
     }
     if args.model.is_file() {
-        return Err(crate::checkpoint::LoadError::NotADirectory {
+        return Err(LoadError::NotADirectory {
             path: args.model.clone(),
         }
         .into());
     }
-    let cfg = Config::load(&args.model).map_err(crate::checkpoint::LoadError::from)?;
+    // The family is config.json's `model_type`.
+    let json = crate::config::read(&args.model).map_err(LoadError::from)?;
+    let family = Family::of(&json).map_err(LoadError::from)?;
     let ck = Checkpoint::open(&args.model)?;
-    let names = weights::names("embed_tokens.weight");
-    match ck.dtype(&names)? {
-        Dtype::BF16 => load::<bf16>(&ck, cfg, args, job),
-        Dtype::F16 => load::<f16>(&ck, cfg, args, job),
-        Dtype::F32 => load::<f32>(&ck, cfg, args, job),
-        other => Err(crate::checkpoint::LoadError::DType {
-            tensor: names[0].clone(),
-            expected: "BF16, F16 or F32".into(),
-            found: format!("{other:?}"),
+    match family {
+        Family::Gemma4 => {
+            let cfg = Config::from_json(&json).map_err(LoadError::from)?;
+            let names = weights::names("embed_tokens.weight");
+            let build = Gemma4 { cfg };
+            by_dtype(&ck, &names, args, build, job)
         }
-        .into()),
+        Family::Qwen3Moe => {
+            let cfg = qwen3::config::Config::from_json(&json).map_err(LoadError::from)?;
+            let names = vec!["model.embed_tokens.weight".to_string()];
+            by_dtype(&ck, &names, args, Qwen3 { cfg }, job)
+        }
     }
 }
 
-fn load<W: Float>(
-    ck: &Checkpoint,
+/// Builds one family's model from a checkpoint, in the storage dtype `W`, and runs the job.
+trait Build {
+    fn layers(&self) -> usize;
+    fn run<W: Float>(
+        self,
+        ck: &Checkpoint,
+        args: &ModelArgs,
+        progress: impl FnMut(usize),
+        job: impl Job,
+    ) -> Result<ExitCode, CommandError>;
+}
+
+struct Gemma4 {
     cfg: Config,
+}
+
+impl Build for Gemma4 {
+    fn layers(&self) -> usize {
+        self.cfg.layers.len()
+    }
+    fn run<W: Float>(
+        self,
+        ck: &Checkpoint,
+        args: &ModelArgs,
+        progress: impl FnMut(usize),
+        job: impl Job,
+    ) -> Result<ExitCode, CommandError> {
+        let weights = weights::load::<W>(ck, &self.cfg, args.residence(), progress)?;
+        let eos = self.cfg.eos.clone();
+        let model = Model::new(
+            self.cfg,
+            weights,
+            args.backend.backend(),
+            args.variant.clone(),
+        );
+        job.run(&model, &eos)
+    }
+}
+
+struct Qwen3 {
+    cfg: qwen3::config::Config,
+}
+
+impl Build for Qwen3 {
+    fn layers(&self) -> usize {
+        self.cfg.layers.len()
+    }
+    fn run<W: Float>(
+        self,
+        ck: &Checkpoint,
+        args: &ModelArgs,
+        progress: impl FnMut(usize),
+        job: impl Job,
+    ) -> Result<ExitCode, CommandError> {
+        let weights = qwen3::weights::load::<W>(ck, &self.cfg, args.residence(), progress)?;
+        let eos = self.cfg.eos.clone();
+        let backend = args.backend.backend();
+        let model = qwen3::model::Model::new(self.cfg, weights, backend, args.variant.clone());
+        job.run(&model, &eos)
+    }
+}
+
+/// The storage dtype is the embedding's (`names`); the weights are loaded in it, under a
+/// progress bar, after checking that a copy of them fits in memory.
+fn by_dtype(
+    ck: &Checkpoint,
+    names: &[String],
     args: &ModelArgs,
+    build: impl Build,
     job: impl Job,
 ) -> Result<ExitCode, CommandError> {
     let residence = args.residence();
@@ -182,7 +254,7 @@ fn load<W: Float>(
              in place instead (slower when it does not fit the page cache)"
         )));
     }
-    let bar = indicatif::ProgressBar::new(cfg.layers.len() as u64)
+    let bar = indicatif::ProgressBar::new(build.layers() as u64)
         .with_style(
             indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers ({msg})")
                 .expect("a valid template"),
@@ -191,10 +263,20 @@ fn load<W: Float>(
             Residence::Mapped => "mapped in place",
             Residence::HugePages => "copying into huge pages",
         });
-    let weights = weights::load::<W>(ck, &cfg, residence, |n| bar.set_position(n as u64))?;
+    let progress = |n: usize| bar.set_position(n as u64);
+    let ran = match ck.dtype(names)? {
+        Dtype::BF16 => build.run::<bf16>(ck, args, progress, job),
+        Dtype::F16 => build.run::<f16>(ck, args, progress, job),
+        Dtype::F32 => build.run::<f32>(ck, args, progress, job),
+        other => Err(LoadError::DType {
+            tensor: names[0].clone(),
+            expected: "BF16, F16 or F32".into(),
+            found: format!("{other:?}"),
+        }
+        .into()),
+    };
     bar.finish_and_clear();
-    let model = Model::new(cfg, weights, args.backend.backend(), args.variant.clone());
-    job.run(&model)
+    ran
 }
 
 /// `--explain`: one line per dispatch, to stderr; on a device backend, each step's bytes sent to
@@ -228,7 +310,7 @@ pub fn explain(trace: &[Trace]) {
 struct LogitsJob<'a>(&'a LogitsArgs);
 
 impl Job for LogitsJob<'_> {
-    fn run<W: Float>(self, model: &Model<'_, W>) -> Result<ExitCode, CommandError> {
+    fn run(self, model: &impl CausalLm, _: &[u32]) -> Result<ExitCode, CommandError> {
         let a = self.0;
         let tokens = &a.common.tokens;
         let mut trace = vec![];
@@ -251,7 +333,7 @@ impl Job for LogitsJob<'_> {
 struct GenerateJob<'a>(&'a GenerateArgs, Option<&'a tokenizers::Tokenizer>);
 
 impl Job for GenerateJob<'_> {
-    fn run<W: Float>(self, model: &Model<'_, W>) -> Result<ExitCode, CommandError> {
+    fn run(self, model: &impl CausalLm, eos: &[u32]) -> Result<ExitCode, CommandError> {
         let a = self.0;
         let sampling = Sampling {
             greedy: a.greedy,
@@ -260,7 +342,7 @@ impl Job for GenerateJob<'_> {
             top_p: a.top_p,
             seed: a.seed,
         };
-        let stop = stop_tokens(&a.common.model, &model.cfg);
+        let stop = stop_tokens(&a.common.model, eos);
         let mut trace = vec![];
         let out = generate(
             model,
@@ -293,7 +375,7 @@ impl Job for GenerateJob<'_> {
 }
 
 /// Stop tokens: generation_config.json's `eos_token_id` when present, else config.json's.
-pub fn stop_tokens(dir: &Path, cfg: &Config) -> Vec<u32> {
+pub fn stop_tokens(dir: &Path, eos: &[u32]) -> Vec<u32> {
     let from_file = std::fs::read_to_string(dir.join("generation_config.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
@@ -306,5 +388,5 @@ pub fn stop_tokens(dir: &Path, cfg: &Config) -> Vec<u32> {
             ),
             x => x.as_u64().map(|x| vec![x as u32]),
         });
-    from_file.unwrap_or_else(|| cfg.eos.clone())
+    from_file.unwrap_or_else(|| eos.to_vec())
 }

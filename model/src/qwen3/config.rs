@@ -133,7 +133,10 @@ impl Config {
                 return Err(invalid(key, "at least 1", &n.into()));
             }
         }
-        if self.kv_heads == 0 || self.heads % self.kv_heads != 0 || self.head_dim % 2 != 0 {
+        if self.kv_heads == 0
+            || !self.heads.is_multiple_of(self.kv_heads)
+            || !self.head_dim.is_multiple_of(2)
+        {
             return Err(ConfigError::Invalid {
                 key: "attention".into(),
                 expected: "kv heads dividing num_attention_heads and an even head_dim".into(),
