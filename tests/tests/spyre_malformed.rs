@@ -333,3 +333,17 @@ fn programs_load_from_their_json_and_bad_text_is_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn a_tensor_too_large_to_count_is_refused_even_with_no_phase() {
+    // The simulator multiplies every tensor's shape out before it runs any phase.
+    let mut p = base();
+    p.phases.clear();
+    p.tensors[0].shape = vec![usize::MAX, 2];
+    let e = refused(&p);
+    assert_eq!(e.phase, "");
+    assert!(matches!(e.kind, Invalid::TensorSize { .. }), "{e}");
+    assert!(e.to_string().starts_with("the program's tensors: "), "{e}");
+    let sim = simulate(&p, Mode::F32, &mut Device::default());
+    assert!(matches!(sim, Err(SimError::Invalid(_))), "{sim:?}");
+}

@@ -12,15 +12,24 @@ use thiserror::Error;
 /// One core addresses at most a 256 MB contiguous span.
 pub const SPAN_LIMIT: usize = 256 << 20;
 
-/// A program the hardware would refuse: where (the phase; the op, by its index in the
-/// flattened op list; the core) and what ([`Invalid`]).
+/// A program the hardware would refuse: where (the phase, empty for the program's tensors; the
+/// op, by its index in the flattened op list; the core) and what ([`Invalid`]).
 #[derive(Debug, Error, PartialEq, Eq)]
-#[error("phase `{phase}`{}{}: {kind}", at("op", op), at("core", core))]
+#[error("{}{}{}: {kind}", place(phase), at("op", op), at("core", core))]
 pub struct ValidationError {
     pub phase: String,
     pub op: Option<usize>,
     pub core: Option<usize>,
     pub kind: Invalid,
+}
+
+/// A phase by name; the program's tensors, which belong to no phase, when empty.
+fn place(phase: &str) -> String {
+    if phase.is_empty() {
+        "the program's tensors".into()
+    } else {
+        format!("phase `{phase}`")
+    }
 }
 
 fn at(what: &str, n: &Option<usize>) -> String {
@@ -126,8 +135,51 @@ pub enum Invalid {
     Loop { why: String },
 }
 
+/// Every tensor is well formed and its bytes can be counted (the validator, the walk and the
+/// simulator multiply shapes out). A program-level check: its errors name no phase.
+fn tensors(p: &Program) -> Result<(), ValidationError> {
+    let error = |kind| ValidationError {
+        phase: String::new(),
+        op: None,
+        core: None,
+        kind,
+    };
+    for t in &p.tensors {
+        let malformed = |why: String| {
+            Err(error(Invalid::Malformed {
+                tensor: t.name.clone(),
+                why,
+            }))
+        };
+        if !matches!(t.elem_bytes, 2 | 4) || t.stick_elems != 128 / t.elem_bytes {
+            return malformed(format!(
+                "{} bytes per element and {} per stick; expected 2 or 4, and 128 bytes a stick",
+                t.elem_bytes, t.stick_elems
+            ));
+        }
+        if t.shape.is_empty() || t.shape.contains(&0) {
+            return malformed(format!(
+                "shape {:?}; expected at least one dim, none 0",
+                t.shape
+            ));
+        }
+        let bytes = t
+            .shape
+            .iter()
+            .try_fold(t.elem_bytes, |n, &d| n.checked_mul(d));
+        if bytes.is_none_or(|b| b > isize::MAX as usize) {
+            return Err(error(Invalid::TensorSize {
+                tensor: t.name.clone(),
+                shape: t.shape.clone(),
+            }));
+        }
+    }
+    Ok(())
+}
+
 /// Checks `p`; the first problem found is the error.
 pub fn validate(p: &Program) -> Result<(), ValidationError> {
+    tensors(p)?;
     for phase in &p.phases {
         Checker {
             p,
@@ -178,46 +230,10 @@ impl Checker<'_> {
     }
 
     fn phase(&mut self) -> R {
-        self.tensors()?;
         self.division()?;
         self.plan()?;
         let body = &self.phase.body;
         walk(body, self)
-    }
-
-    /// Every tensor's bytes can be counted (the walk multiplies shapes out).
-    fn tensors(&self) -> R {
-        for t in &self.p.tensors {
-            let malformed = |why: String| {
-                Err(self.at_phase(Invalid::Malformed {
-                    tensor: t.name.clone(),
-                    why,
-                }))
-            };
-            if !matches!(t.elem_bytes, 2 | 4) || t.stick_elems != 128 / t.elem_bytes {
-                return malformed(format!(
-                    "{} bytes per element and {} per stick; expected 2 or 4, and 128 bytes a stick",
-                    t.elem_bytes, t.stick_elems
-                ));
-            }
-            if t.shape.is_empty() || t.shape.contains(&0) {
-                return malformed(format!(
-                    "shape {:?}; expected at least one dim, none 0",
-                    t.shape
-                ));
-            }
-            let bytes = t
-                .shape
-                .iter()
-                .try_fold(t.elem_bytes.max(1), |n, &d| n.checked_mul(d));
-            if bytes.is_none_or(|b| b > isize::MAX as usize) {
-                return Err(self.at_phase(Invalid::TensorSize {
-                    tensor: t.name.clone(),
-                    shape: t.shape.clone(),
-                }));
-            }
-        }
-        Ok(())
     }
 
     fn division(&self) -> R {
