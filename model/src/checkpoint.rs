@@ -281,20 +281,18 @@ impl Checkpoint {
         parts: &[(Vec<String>, Vec<usize>)],
         residence: Residence,
     ) -> Result<Vec<W>, LoadError> {
-        let mut total = 0usize;
-        for (names, shape) in parts {
-            check_shape(self.find(names)?.0, &self.find(names)?.1.shape, shape)?;
-            total += shape.iter().product::<usize>();
-        }
+        // Every part is found, its shape and dtype checked, before anything is copied.
+        let mapped = parts
+            .iter()
+            .map(|(names, shape)| Ok((self.tensor::<W>(names, shape)?, self.find(names)?.1)))
+            .collect::<Result<Vec<_>, LoadError>>()?;
+        let total = mapped.iter().map(|(part, _)| part.len()).sum();
         let mut out = match residence {
             Residence::HugePages => moek_cpu::memory::huge_capacity::<W>(total),
             Residence::Mapped => Vec::with_capacity(total),
         };
-        for (names, shape) in parts {
-            let part = self.tensor::<W>(names, shape)?;
+        for (part, e) in mapped {
             out.extend_from_slice(&part);
-            drop(part);
-            let e = self.find(names)?.1;
             self.release(e.shard, e.bytes.clone());
         }
         Ok(out)

@@ -8,16 +8,8 @@ fn moek(args: &[&str]) -> (bool, String, String) {
 
 /// `moek` with extra environment variables.
 fn moek_env(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_moek"))
-        .args(args)
-        .envs(env.iter().copied())
-        .output()
-        .expect("moek runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
+    let (code, out, err) = moek_raw(&os(args), env);
+    (code == 0, out, err)
 }
 
 #[test]
