@@ -51,6 +51,28 @@ impl Family {
     }
 }
 
+/// Stop tokens from an `eos_token_id` value: one id or a list of them (`None` for anything
+/// else).
+pub fn eos_tokens(v: &Value) -> Option<Vec<u32>> {
+    match v {
+        Value::Array(a) => Some(
+            a.iter()
+                .filter_map(Value::as_u64)
+                .map(|x| x as u32)
+                .collect(),
+        ),
+        x => x.as_u64().map(|x| vec![x as u32]),
+    }
+}
+
+/// Each `(key, size)` is at least 1.
+pub(crate) fn positive(sizes: &[(&str, usize)]) -> Result<(), ConfigError> {
+    match sizes.iter().find(|(_, n)| *n == 0) {
+        Some(&(key, n)) => Err(invalid(key, "at least 1", &n.into())),
+        None => Ok(()),
+    }
+}
+
 /// `dir/config.json` as JSON.
 pub fn read(dir: &Path) -> Result<Value, ConfigError> {
     let path = dir.join("config.json");

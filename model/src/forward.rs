@@ -2,6 +2,7 @@
 //! cache, and the record of each kernel dispatch (`--explain` prints them). A family's own
 //! forward lives in its module ([`crate::gemma4`]).
 
+use crate::ops::{Float, to_w};
 use moek_kernels::backend::Uploaded;
 use moek_kernels::dispatch::{self, Backend, Choice, DispatchError, Task};
 use moek_kernels::ir::Activation;
@@ -139,9 +140,90 @@ pub fn uploaded(trace: &[Trace]) -> Option<Uploaded> {
     })
 }
 
-/// Marks the records a forward call from `position` added after the first `from`.
-pub(crate) fn mark_step(trace: &mut [Trace], from: usize, position: usize) {
+/// Runs one forward call `f` on the pool (every projection and kernel in it is a parallel loop:
+/// joined from a worker, not from a sleeping caller, see `moek_cpu::pool`), and marks the
+/// records it adds with the position it starts from.
+pub(crate) fn step<R: Send>(
+    cache: &mut Cache,
+    trace: &mut Vec<Trace>,
+    f: impl FnOnce(&mut Cache, &mut Vec<Trace>) -> R + Send,
+) -> R {
+    let (from, position) = (trace.len(), cache.len);
+    let out = moek_cpu::on_pool(|| f(cache, trace));
     trace[from..].iter_mut().for_each(|t| t.position = position);
+    out
+}
+
+/// What every family checks of a forward's tokens before anything changes: there are some, they
+/// fit the context after what `cache` holds, and each is inside the vocabulary.
+pub(crate) fn check_tokens(
+    tokens: &[u32],
+    cache: &Cache,
+    vocab: usize,
+    context: usize,
+) -> Result<(), ModelError> {
+    if tokens.is_empty() {
+        return Err(ModelError::Empty);
+    }
+    if cache.len + tokens.len() > context {
+        return Err(ModelError::Context {
+            positions: cache.len + tokens.len(),
+            context,
+        });
+    }
+    match tokens.iter().find(|&&t| t as usize >= vocab) {
+        Some(&token) => Err(ModelError::Token { token, vocab }),
+        None => Ok(()),
+    }
+}
+
+/// The LM head on the rows `head` asks for of the final normed hidden states `x` (`[S, H]`):
+/// each row rounded to `W` and run through dispatch against `emb` (`[V, H]`).
+pub(crate) fn head_rows<W: Float>(
+    backend: &Backend,
+    x: &[f32],
+    (h, vocab): (usize, usize),
+    emb: &[W],
+    softcap: Option<f32>,
+    head: Head,
+    trace: &mut Vec<Trace>,
+) -> Result<Vec<Vec<f32>>, ModelError> {
+    let s = x.len() / h;
+    let rows: Vec<usize> = match head {
+        Head::Last => vec![s - 1],
+        Head::All => (0..s).collect(),
+    };
+    let shape = Shape {
+        t: 1,
+        h,
+        v: vocab,
+        ..Shape::default()
+    };
+    rows.into_iter()
+        .map(|r| {
+            let hidden = to_w::<W>(&x[r * h..(r + 1) * h]);
+            let inputs = Inputs::LmHeadRow {
+                hidden: &hidden,
+                emb,
+                softcap,
+            };
+            let mut logits = vec![0f32; vocab];
+            // The LM head has no activation; the task's is the default.
+            let act = Activation::default();
+            run_traced(
+                backend,
+                usize::MAX,
+                "lm_head",
+                act,
+                &shape,
+                &inputs,
+                &mut logits,
+                None,
+                trace,
+            )?;
+            Ok(logits)
+        })
+        .collect()
 }
 
 /// One kernel through dispatch on `backend`, recorded in `trace`. An op with no variant for

@@ -259,6 +259,15 @@ pub fn attention(
     out
 }
 
+/// The indices of the `k` largest of `p`, largest first; ties go to the lower index (a stable
+/// sort), as a router picks its experts.
+pub fn top_k(p: &[f32], k: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..p.len()).collect();
+    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+    order.truncate(k);
+    order
+}
+
 /// Probabilities below this (2^-64) are 0 (see [`softmax_in_place`]).
 pub const PROB_FLUSH: f32 = 5.421_011e-20;
 

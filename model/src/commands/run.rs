@@ -379,14 +379,6 @@ pub fn stop_tokens(dir: &Path, eos: &[u32]) -> Vec<u32> {
     let from_file = std::fs::read_to_string(dir.join("generation_config.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| match v.get("eos_token_id")? {
-            serde_json::Value::Array(a) => Some(
-                a.iter()
-                    .filter_map(|x| x.as_u64())
-                    .map(|x| x as u32)
-                    .collect(),
-            ),
-            x => x.as_u64().map(|x| vec![x as u32]),
-        });
+        .and_then(|v| crate::config::eos_tokens(v.get("eos_token_id")?));
     from_file.unwrap_or_else(|| eos.to_vec())
 }

@@ -2,7 +2,7 @@
 //! `gemma4` with its `text_config`). Features this crate does not implement are refused by name.
 
 pub use crate::config::ConfigError;
-use crate::config::{Reader, invalid};
+use crate::config::{Reader, eos_tokens, invalid, positive};
 use serde_json::Value;
 use std::path::Path;
 
@@ -132,15 +132,8 @@ impl Config {
         } else {
             None
         };
-        let eos = match t.get("eos_token_id").or_else(|| v.get("eos_token_id")) {
-            Some(Value::Array(a)) => a
-                .iter()
-                .filter_map(Value::as_u64)
-                .map(|x| x as u32)
-                .collect(),
-            Some(x) => x.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-            None => vec![],
-        };
+        let eos = t.get("eos_token_id").or_else(|| v.get("eos_token_id"));
+        let eos = eos.and_then(eos_tokens).unwrap_or_default();
         let cfg = Config {
             vocab: r.usize("vocab_size")?,
             hidden: r.usize("hidden_size")?,
@@ -163,7 +156,7 @@ impl Config {
     /// Sizes that must be positive are, top-k picks among the experts, and every number the
     /// forward divides by or scales with is finite and in range.
     fn sane(&self, r: &Reader) -> Result<(), ConfigError> {
-        let positive = [
+        let sizes = [
             ("vocab_size", self.vocab),
             ("hidden_size", self.hidden),
             ("num_attention_heads", self.heads),
@@ -171,11 +164,7 @@ impl Config {
             ("max_position_embeddings", self.context),
             ("num_hidden_layers", self.layers.len()),
         ];
-        for (key, n) in positive {
-            if n == 0 {
-                return Err(invalid(key, "at least 1", &n.into()));
-            }
-        }
+        positive(&sizes)?;
         for (i, l) in self.layers.iter().enumerate() {
             if l.head_dim == 0 {
                 return Err(invalid(

@@ -129,10 +129,7 @@ impl<W: Float> Model<'_, W> {
         let mut weights = Vec::with_capacity(s * moe.top_k);
         for row in logits.chunks(moe.experts) {
             let p = ops::softmax(row);
-            let mut order: Vec<usize> = (0..moe.experts).collect();
-            // Largest first; ties to the lower expert index (stable).
-            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
-            let top = &order[..moe.top_k];
+            let top = &ops::top_k(&p, moe.top_k);
             let sum: f32 = top.iter().map(|&e| p[e]).sum();
             for &e in top {
                 idx.push(e as u32);

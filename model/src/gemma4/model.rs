@@ -6,11 +6,12 @@
 
 use super::config::{Config, Moe};
 use super::weights::Weights;
-use crate::forward::{Cache, CausalLm, Head, LayerCache, ModelError, Trace, mark_step, run_traced};
-use crate::ops::{Float, rms_norm, to_w};
+use crate::forward::{
+    Cache, CausalLm, Head, LayerCache, ModelError, Trace, check_tokens, head_rows, step,
+};
+use crate::ops::{Float, rms_norm};
 use moek_kernels::dispatch::{self, Backend};
-use moek_kernels::ir::Activation;
-use moek_kernels::{Elem, Inputs, Shape, specs};
+use moek_kernels::{Elem, Shape, specs};
 
 /// A model ready to run: config, weights and where its kernels run. It is `Sync`: several
 /// generations can share one loaded model from threads, each with its own [`Cache`].
@@ -71,12 +72,9 @@ impl<W: Float> CausalLm for Model<'_, W> {
         head: Head,
         trace: &mut Vec<Trace>,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        // Every projection and kernel below is a parallel loop: joined from a worker, not from
-        // a sleeping caller (see `moek_cpu::pool`).
-        let (from, position) = (trace.len(), cache.len);
-        let rows = moek_cpu::on_pool(|| self.forward_on_pool(tokens, cache, head, trace));
-        mark_step(trace, from, position);
-        rows
+        step(cache, trace, |cache, trace| {
+            self.forward_on_pool(tokens, cache, head, trace)
+        })
     }
 }
 
@@ -90,21 +88,7 @@ impl<W: Float> Model<'_, W> {
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let cfg = &self.cfg;
         let (h, s) = (cfg.hidden, tokens.len());
-        if s == 0 {
-            return Err(ModelError::Empty);
-        }
-        if cache.len + s > cfg.context {
-            return Err(ModelError::Context {
-                positions: cache.len + s,
-                context: cfg.context,
-            });
-        }
-        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= cfg.vocab) {
-            return Err(ModelError::Token {
-                token,
-                vocab: cfg.vocab,
-            });
-        }
+        check_tokens(tokens, cache, cfg.vocab, cfg.context)?;
         // A forced variant is checked before anything changes.
         if let (Some(name), Some(moe)) = (&self.variant, cfg.moe) {
             let shape = self.moe_shape(s, moe);
@@ -141,39 +125,9 @@ impl<W: Float> Model<'_, W> {
         }
         cache.len += s;
         rms_norm(&mut x, h, Some(&self.weights.norm), cfg.eps);
-        let rows: Vec<usize> = match head {
-            Head::Last => vec![s - 1],
-            Head::All => (0..s).collect(),
-        };
-        rows.into_iter()
-            .map(|r| {
-                let hidden = to_w::<W>(&x[r * h..(r + 1) * h]);
-                let shape = Shape {
-                    t: 1,
-                    h,
-                    v: cfg.vocab,
-                    ..Shape::default()
-                };
-                let inputs = Inputs::LmHeadRow {
-                    hidden: &hidden,
-                    emb: self.weights.head(),
-                    softcap: cfg.softcap,
-                };
-                let mut logits = vec![0f32; cfg.vocab];
-                run_traced(
-                    &self.backend,
-                    usize::MAX,
-                    "lm_head",
-                    Activation::GeluTanh,
-                    &shape,
-                    &inputs,
-                    &mut logits,
-                    None,
-                    trace,
-                )?;
-                Ok(logits)
-            })
-            .collect()
+        let shape = (h, cfg.vocab);
+        let emb = self.weights.head();
+        head_rows(&self.backend, &x, shape, emb, cfg.softcap, head, trace)
     }
 
     pub(super) fn moe_shape(&self, t: usize, moe: Moe) -> Shape {

@@ -4,7 +4,7 @@
 //! by name.
 
 pub use crate::config::ConfigError;
-use crate::config::{Reader, invalid};
+use crate::config::{Reader, eos_tokens, invalid, positive};
 use crate::ops::Rope;
 use serde_json::Value;
 use std::path::Path;
@@ -82,15 +82,10 @@ impl Config {
                 if sparse { Mlp::Sparse } else { Mlp::Dense }
             })
             .collect();
-        let eos = match v.get("eos_token_id") {
-            Some(Value::Array(a)) => a
-                .iter()
-                .filter_map(Value::as_u64)
-                .map(|x| x as u32)
-                .collect(),
-            Some(x) => x.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-            None => vec![],
-        };
+        let eos = v
+            .get("eos_token_id")
+            .and_then(eos_tokens)
+            .unwrap_or_default();
         let cfg = Config {
             vocab: r.usize("vocab_size")?,
             hidden,
@@ -121,18 +116,14 @@ impl Config {
 
     /// Sizes that must be positive are; heads group evenly; top-k picks among the experts.
     fn sane(&self) -> Result<(), ConfigError> {
-        let positive = [
+        let sizes = [
             ("vocab_size", self.vocab),
             ("hidden_size", self.hidden),
             ("num_attention_heads", self.heads),
             ("num_hidden_layers", self.layers.len()),
             ("max_position_embeddings", self.context),
         ];
-        for (key, n) in positive {
-            if n == 0 {
-                return Err(invalid(key, "at least 1", &n.into()));
-            }
-        }
+        positive(&sizes)?;
         if self.kv_heads == 0
             || !self.heads.is_multiple_of(self.kv_heads)
             || !self.head_dim.is_multiple_of(2)

@@ -5,7 +5,9 @@
 
 use super::config::Config;
 use super::weights::{DecoderLayer, Feedforward, SparseMoe, Weights};
-use crate::forward::{Cache, CausalLm, Head, LayerCache, ModelError, Trace, mark_step, run_traced};
+use crate::forward::{
+    Cache, CausalLm, Head, LayerCache, ModelError, Trace, check_tokens, head_rows, run_traced, step,
+};
 use crate::ops::{self, Float, linear, normed, rms_norm, to_w};
 use moek_kernels::dispatch::{self, Backend};
 use moek_kernels::ir::{Activation, Op};
@@ -68,10 +70,9 @@ impl<W: Float> CausalLm for Model<'_, W> {
         head: Head,
         trace: &mut Vec<Trace>,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let (from, position) = (trace.len(), cache.len);
-        let rows = moek_cpu::on_pool(|| self.forward_on_pool(tokens, cache, head, trace));
-        mark_step(trace, from, position);
-        rows
+        step(cache, trace, |cache, trace| {
+            self.forward_on_pool(tokens, cache, head, trace)
+        })
     }
 }
 
@@ -85,21 +86,7 @@ impl<W: Float> Model<'_, W> {
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let cfg = &self.cfg;
         let (h, s) = (cfg.hidden, tokens.len());
-        if s == 0 {
-            return Err(ModelError::Empty);
-        }
-        if cache.len + s > cfg.context {
-            return Err(ModelError::Context {
-                positions: cache.len + s,
-                context: cfg.context,
-            });
-        }
-        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= cfg.vocab) {
-            return Err(ModelError::Token {
-                token,
-                vocab: cfg.vocab,
-            });
-        }
+        check_tokens(tokens, cache, cfg.vocab, cfg.context)?;
         // A forced variant is checked before anything changes.
         if let Some(name) = &self.variant {
             let task = dispatch::Task {
@@ -134,40 +121,16 @@ impl<W: Float> Model<'_, W> {
         }
         cache.len += s;
         rms_norm(&mut x, h, Some(&self.weights.norm), cfg.eps);
-        let rows: Vec<usize> = match head {
-            Head::Last => vec![s - 1],
-            Head::All => (0..s).collect(),
-        };
-        rows.into_iter()
-            .map(|r| {
-                let hidden = to_w::<W>(&x[r * h..(r + 1) * h]);
-                let shape = Shape {
-                    t: 1,
-                    h,
-                    v: cfg.vocab,
-                    ..Shape::default()
-                };
-                let inputs = Inputs::LmHeadRow {
-                    hidden: &hidden,
-                    emb: self.weights.head(),
-                    softcap: None,
-                };
-                let mut logits = vec![0f32; cfg.vocab];
-                let gelu = Activation::default(); // the LM head has none
-                run_traced(
-                    &self.backend,
-                    usize::MAX,
-                    "lm_head",
-                    gelu,
-                    &shape,
-                    &inputs,
-                    &mut logits,
-                    None,
-                    trace,
-                )?;
-                Ok(logits)
-            })
-            .collect()
+        let shape = (h, cfg.vocab);
+        head_rows(
+            &self.backend,
+            &x,
+            shape,
+            self.weights.head(),
+            None,
+            head,
+            trace,
+        )
     }
 
     fn layer(
@@ -228,7 +191,7 @@ impl<W: Float> Model<'_, W> {
         &self,
         i: usize,
         hn: &[f32],
-        moe: &SparseMoe<W>,
+        moe: &SparseMoe<'_, W>,
         trace: &mut Vec<Trace>,
     ) -> Result<Vec<f32>, ModelError> {
         let (hd, m) = (self.cfg.hidden, self.cfg.moe);
@@ -238,10 +201,7 @@ impl<W: Float> Model<'_, W> {
         let mut weights = Vec::with_capacity(s * m.top_k);
         for row in logits.chunks(m.experts) {
             let p = ops::softmax(row);
-            let mut order: Vec<usize> = (0..m.experts).collect();
-            // Largest first; ties to the lower expert index (stable).
-            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
-            let top = &order[..m.top_k];
+            let top = &ops::top_k(&p, m.top_k);
             let sum: f32 = if m.norm_topk_prob {
                 top.iter().map(|&e| p[e]).sum()
             } else {

@@ -30,9 +30,9 @@ pub struct Mlp<'c, W: Clone> {
 
 /// The routed `mlp.*`: the router (`gate`) and the gathered expert banks.
 #[derive(Debug)]
-pub struct SparseMoe<W: Clone> {
+pub struct SparseMoe<'c, W: Clone> {
     /// `[E, H]`.
-    pub gate: Vec<W>,
+    pub gate: Cow<'c, [W]>,
     /// `[E, 2F, H]`, gate rows first.
     pub gate_up_proj: Vec<W>,
     /// `[E, H, F]`.
@@ -42,7 +42,7 @@ pub struct SparseMoe<W: Clone> {
 /// A layer's feed-forward.
 #[derive(Debug)]
 pub enum Feedforward<'c, W: Clone> {
-    Sparse(SparseMoe<W>),
+    Sparse(SparseMoe<'c, W>),
     Dense(Mlp<'c, W>),
 }
 
@@ -118,7 +118,7 @@ pub fn load<'c, W: Elem>(
                     .collect();
                 let down: Vec<_> = (0..e).map(|j| expert(j, "down_proj", [h, f])).collect();
                 Feedforward::Sparse(SparseMoe {
-                    gate: matrix(&k("mlp.gate.weight"), &[e, h])?.into_owned(),
+                    gate: matrix(&k("mlp.gate.weight"), &[e, h])?,
                     gate_up_proj: ck.gather(&gate_up, residence)?,
                     down_proj: ck.gather(&down, residence)?,
                 })
