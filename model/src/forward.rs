@@ -177,6 +177,38 @@ pub(crate) fn check_tokens(
     }
 }
 
+/// A layer's dense MLP on the normed rows `xn` (`[S, H]`, rounded to `W` for the kernel), its
+/// weights `[gate, up, down]` of width `f`, through dispatch with `activation`.
+pub(crate) fn dense_mlp<W: Float>(
+    backend: &Backend,
+    layer: usize,
+    xn: &[f32],
+    (h, f): (usize, usize),
+    [gate, up, down]: [&[W]; 3],
+    activation: Activation,
+    trace: &mut Vec<Trace>,
+) -> Result<Vec<f32>, ModelError> {
+    let x = to_w::<W>(xn);
+    let mut out = vec![0f32; xn.len()];
+    let shape = Shape {
+        t: xn.len() / h,
+        h,
+        f,
+        ..Shape::default()
+    };
+    let inputs = Inputs::DenseMlp {
+        x: &x,
+        gate,
+        up,
+        down,
+    };
+    let what = "dense_mlp";
+    run_traced(
+        backend, layer, what, activation, &shape, &inputs, &mut out, None, trace,
+    )?;
+    Ok(out)
+}
+
 /// The LM head on the rows `head` asks for of the final normed hidden states `x` (`[S, H]`):
 /// each row rounded to `W` and run through dispatch against `emb` (`[V, H]`).
 pub(crate) fn head_rows<W: Float>(

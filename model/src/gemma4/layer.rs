@@ -4,10 +4,10 @@
 use super::config::{Attention, Moe};
 use super::model::Model;
 use super::weights::{DecoderLayer, MoeBlock};
-use crate::forward::{LayerCache, ModelError, Trace, run_traced};
+use crate::forward::{LayerCache, ModelError, Trace, dense_mlp, run_traced};
 use crate::ops::{self, Float, linear, normed, rms_norm, to_w};
+use moek_kernels::Inputs;
 use moek_kernels::ir::Activation;
-use moek_kernels::{Inputs, Shape};
 
 impl<W: Float> Model<'_, W> {
     /// One decoder layer (docs/gemma4.md); `x` is `[S, H]`.
@@ -21,7 +21,7 @@ impl<W: Float> Model<'_, W> {
         trace: &mut Vec<Trace>,
     ) -> Result<Vec<f32>, ModelError> {
         let cfg = &self.cfg;
-        let (hd, s) = (cfg.hidden, positions.len());
+        let hd = cfg.hidden;
         let eps = cfg.eps;
         // Attention.
         let attn = self.attention(
@@ -34,29 +34,14 @@ impl<W: Float> Model<'_, W> {
         let attn = normed(&attn, hd, &lw.post_attention_layernorm, eps);
         let h: Vec<f32> = x.iter().zip(&attn).map(|(a, b)| a + b).collect();
         // Dense MLP (a kernel).
-        let xin = to_w::<W>(&normed(&h, hd, &lw.pre_feedforward_layernorm, eps));
-        let mut d = vec![0f32; s * hd];
-        let shape = Shape {
-            t: s,
-            h: hd,
-            f: cfg.intermediate,
-            ..Shape::default()
-        };
-        let inputs = Inputs::DenseMlp {
-            x: &xin,
-            gate: &lw.mlp.gate_proj,
-            up: &lw.mlp.up_proj,
-            down: &lw.mlp.down_proj,
-        };
-        run_traced(
+        let m = &lw.mlp;
+        let mut d = dense_mlp(
             &self.backend,
             i,
-            "dense_mlp",
+            &normed(&h, hd, &lw.pre_feedforward_layernorm, eps),
+            (hd, cfg.intermediate),
+            [&m.gate_proj, &m.up_proj, &m.down_proj],
             Activation::GeluTanh,
-            &shape,
-            &inputs,
-            &mut d,
-            None,
             trace,
         )?;
         if let Some(mw) = &lw.moe {

@@ -6,7 +6,8 @@
 use super::config::Config;
 use super::weights::{DecoderLayer, Feedforward, SparseMoe, Weights};
 use crate::forward::{
-    Cache, CausalLm, Head, LayerCache, ModelError, Trace, check_tokens, head_rows, run_traced, step,
+    Cache, CausalLm, Head, LayerCache, ModelError, Trace, check_tokens, dense_mlp, head_rows,
+    run_traced, step,
 };
 use crate::ops::{self, Float, linear, normed, rms_norm, to_w};
 use moek_kernels::dispatch::{self, Backend};
@@ -153,35 +154,15 @@ impl<W: Float> Model<'_, W> {
         let hn = normed(&h, hd, &lw.post_attention_layernorm, eps);
         let m = match &lw.mlp {
             Feedforward::Sparse(moe) => self.moe_block(i, &hn, moe, trace)?,
-            Feedforward::Dense(mlp) => {
-                let s = positions.len();
-                let xin = to_w::<W>(&hn);
-                let mut d = vec![0f32; s * hd];
-                let shape = Shape {
-                    t: s,
-                    h: hd,
-                    f: self.cfg.intermediate,
-                    ..Shape::default()
-                };
-                let inputs = Inputs::DenseMlp {
-                    x: &xin,
-                    gate: &mlp.gate_proj,
-                    up: &mlp.up_proj,
-                    down: &mlp.down_proj,
-                };
-                run_traced(
-                    &self.backend,
-                    i,
-                    "dense_mlp",
-                    Activation::Silu,
-                    &shape,
-                    &inputs,
-                    &mut d,
-                    None,
-                    trace,
-                )?;
-                d
-            }
+            Feedforward::Dense(m) => dense_mlp(
+                &self.backend,
+                i,
+                &hn,
+                (hd, self.cfg.intermediate),
+                [&m.gate_proj, &m.up_proj, &m.down_proj],
+                Activation::Silu,
+                trace,
+            )?,
         };
         Ok(h.iter().zip(&m).map(|(a, b)| a + b).collect())
     }
