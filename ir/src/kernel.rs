@@ -26,21 +26,75 @@ pub struct Kernel {
     pub activation: Activation,
 }
 
-/// The activation of a gated pair: `act(x . Wg) * (x . Wu)`. Adding one is this enum, its f64
-/// definition in [`crate::reference`], and one function per backend (docs/dsl.md).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// The activation of a gated pair, `gated(x . Wg, x . Wu)`: `act(g) * u` for the one-argument
+/// activations, both halves for a clamped SwiGLU. Adding one is this enum, its f64 definition in
+/// [`crate::reference`], and one function per backend (docs/dsl.md).
+///
+/// `Eq` holds because the checker admits only finite parameters (no NaN), so `==` is reflexive.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Activation {
-    /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`: Gemma's.
+    /// `gelu_tanh(g) * u`, `gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`: Gemma's.
     #[default]
     GeluTanh,
-    /// `x / (1 + exp(-x))`: Qwen3-MoE's, Mixtral's, DeepSeek's.
+    /// `silu(g) * u`, `silu(x) = x / (1 + exp(-x))`: Qwen3-MoE's, Mixtral's, DeepSeek's.
     Silu,
+    /// gpt-oss's: `g' = min(g, limit)`, `u' = clamp(u, -limit, limit)`, then
+    /// `g' * sigmoid(alpha g') * (u' + 1)`. Both parameters are finite and positive.
+    SwigluClamped { limit: f32, alpha: f32 },
 }
+
+impl Eq for Activation {}
 
 impl Activation {
     fn is_default(&self) -> bool {
         *self == Activation::default()
+    }
+
+    /// The name used in specs (without parameters).
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::GeluTanh => "gelu_tanh",
+            Activation::Silu => "silu",
+            Activation::SwigluClamped { .. } => "swiglu_clamped",
+        }
+    }
+
+    /// The parameters a spec must give the activation named `name`, in order; `None` for an
+    /// unknown name.
+    pub fn parameters(name: &str) -> Option<&'static [&'static str]> {
+        match name {
+            "gelu_tanh" | "silu" => Some(&[]),
+            "swiglu_clamped" => Some(&["limit", "alpha"]),
+            _ => None,
+        }
+    }
+
+    /// The activation named `name` with its parameters' values, in [`Activation::parameters`]
+    /// order.
+    pub fn from_parts(name: &str, values: &[f32]) -> Option<Self> {
+        match (name, values) {
+            ("gelu_tanh", []) => Some(Activation::GeluTanh),
+            ("silu", []) => Some(Activation::Silu),
+            ("swiglu_clamped", &[limit, alpha]) => Some(Activation::SwigluClamped { limit, alpha }),
+            _ => None,
+        }
+    }
+
+    /// Every valid spelling, for error messages.
+    pub fn valid_names() -> String {
+        "gelu_tanh, silu, swiglu_clamped(limit = L, alpha = A)".to_string()
+    }
+}
+
+impl fmt::Display for Activation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Activation::SwigluClamped { limit, alpha } => {
+                write!(f, "swiglu_clamped(limit = {limit}, alpha = {alpha})")
+            }
+            a => f.write_str(a.name()),
+        }
     }
 }
 
@@ -351,7 +405,6 @@ names!(Capability {
 });
 names!(Selection { None => "none", Gather => "gather", Dense => "dense", Grouped => "grouped" });
 names!(Phase { All => "all", GateUp => "gate_up", Down => "down" });
-names!(Activation { GeluTanh => "gelu_tanh", Silu => "silu" });
 
 impl Op {
     /// The op's dims in canonical order; a spec must declare exactly these.

@@ -39,11 +39,28 @@ pub fn silu(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
 }
 
-/// The activation `act` of `x`.
-pub fn activate(act: Activation, x: f64) -> f64 {
+/// `1 / (1 + exp(-x))`.
+pub fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// gpt-oss's clamped SwiGLU of a gated pair: `g' sigmoid(alpha g') (u' + 1)` with
+/// `g' = min(g, limit)` and `u' = clamp(u, -limit, limit)`.
+pub fn swiglu_clamped(g: f64, u: f64, limit: f64, alpha: f64) -> f64 {
+    // Not `min`, which would turn a NaN gate into `limit`; `clamp` keeps NaN.
+    let g = if g > limit { limit } else { g };
+    let u = u.clamp(-limit, limit);
+    g * sigmoid(alpha * g) * (u + 1.0)
+}
+
+/// The gated pair `gated(g, u)` of the activation `act` (`act(g) * u` for one-argument ones).
+pub fn gated(act: Activation, g: f64, u: f64) -> f64 {
     match act {
-        Activation::GeluTanh => gelu_tanh(x),
-        Activation::Silu => silu(x),
+        Activation::GeluTanh => gelu_tanh(g) * u,
+        Activation::Silu => silu(g) * u,
+        Activation::SwigluClamped { limit, alpha } => {
+            swiglu_clamped(g, u, f64::from(limit), f64::from(alpha))
+        }
     }
 }
 
@@ -82,7 +99,7 @@ impl Shape {
     }
 }
 
-/// `act(x . Wg[e]) * (x . Wu[e])` for one token; `gate_up` is `[E, 2F, H]`, gate rows first.
+/// `gated(x . Wg[e], x . Wu[e])` for one token; `gate_up` is `[E, 2F, H]`, gate rows first.
 pub fn expert_gate_up<W: Real>(
     s: &Shape,
     act: Activation,
@@ -95,7 +112,7 @@ pub fn expert_gate_up<W: Real>(
         .map(|j| {
             let g = dot(x, &bank[j * s.h..(j + 1) * s.h]);
             let u = dot(x, &bank[(s.f + j) * s.h..(s.f + j + 1) * s.h]);
-            activate(act, g) * u
+            gated(act, g, u)
         })
         .collect()
 }
@@ -179,7 +196,7 @@ pub fn dense_mlp<W: Real>(
     let a: Vec<f64> = (0..s.f)
         .map(|j| {
             let g = dot(xt, &gate[j * s.h..(j + 1) * s.h]);
-            activate(act, g) * dot(xt, &up[j * s.h..(j + 1) * s.h])
+            gated(act, g, dot(xt, &up[j * s.h..(j + 1) * s.h]))
         })
         .collect();
     (0..s.h)

@@ -209,6 +209,16 @@ pub enum Sfp {
         out: String,
         elems: usize,
     },
+    /// `out[i] = swiglu_clamped(g[i], u[i])` with the spec's `limit` and `alpha`: the clamps,
+    /// the sigmoid and the products in one SFU pass, as the two 1-argument ops are.
+    SwigluClampedMul {
+        g: String,
+        u: String,
+        out: String,
+        elems: usize,
+        limit: f32,
+        alpha: f32,
+    },
     /// `acc[acc_at + i] += w[w_at] * y[y_at + i]` for `i < elems`: one route's weighted result
     /// added to the token's accumulator (the K-axis combine), `w` a buffer of route weights.
     ScaleAcc {
@@ -287,6 +297,14 @@ impl Sfp {
         match act {
             Activation::GeluTanh => Sfp::GeluMul { g, u, out, elems },
             Activation::Silu => Sfp::SiluMul { g, u, out, elems },
+            Activation::SwigluClamped { limit, alpha } => Sfp::SwigluClampedMul {
+                g,
+                u,
+                out,
+                elems,
+                limit,
+                alpha,
+            },
         }
     }
 
@@ -295,6 +313,10 @@ impl Sfp {
         match self {
             Sfp::GeluMul { .. } => Some(Activation::GeluTanh),
             Sfp::SiluMul { .. } => Some(Activation::Silu),
+            Sfp::SwigluClampedMul { limit, alpha, .. } => Some(Activation::SwigluClamped {
+                limit: *limit,
+                alpha: *alpha,
+            }),
             Sfp::Zero { .. } | Sfp::Add { .. } | Sfp::ScaleAcc { .. } => None,
         }
     }

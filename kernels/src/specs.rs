@@ -63,6 +63,21 @@ kernel! {
         requires:        indexed_selection_layout;
     }
 
+    /// The blocked decode expert FFN with gpt-oss's clamped SwiGLU (limit 7, alpha 1.702): on
+    /// Spyre the pair is one SFU op with the two parameters, as for the other activations.
+    pub decode_expert_ffn_blocked_swiglu = expert_ffn {
+        dims:            T = 1, R = 8, E = 128, H = 2816, F = 704;
+        dtypes:          f16, bf16;
+        targets:         cpu, wgpu, spyre;
+        activation:      swiglu_clamped(limit = 7.0, alpha = 1.702);
+        select:          gather E by R;
+        reduce:          H = 704 x 4;
+        columns:         H = [1024, 1024, 768];
+        cores(gate_up):  R = 8;
+        cores(down):     R = 8;
+        requires:        indexed_selection_layout;
+    }
+
     /// Decode expert FFN with the gate/up blocking alone.
     pub decode_expert_ffn_gate_up_blocked = expert_ffn {
         dims:            T = 1, R = 8, E = 128, H = 2816, F = 704;
@@ -152,6 +167,17 @@ kernel! {
         cores:      R = 8;
     }
 
+    /// The general decode fallback with gpt-oss's clamped SwiGLU experts: gate clamped above
+    /// at the limit, up to +-limit, `g sigmoid(alpha g) (u + 1)`.
+    pub general_expert_ffn_gather_swiglu = expert_ffn {
+        dims:       T, R, E, H, F;
+        dtypes:     f16, bf16, f32;
+        targets:    cpu, wgpu;
+        activation: swiglu_clamped(limit = 7.0, alpha = 1.702);
+        select:     gather E by R;
+        cores:      R = 8;
+    }
+
     /// The general prefill fallback with SiLU experts.
     pub general_expert_ffn_grouped_silu = expert_ffn {
         dims:       T = 2.., R, E, H, F;
@@ -222,6 +248,7 @@ pub fn all() -> &'static [KernelEntry] {
             decode_down_cols_1024_1024_768::entry(),
             decode_expert_ffn_blocked::entry(),
             decode_expert_ffn_blocked_silu::entry(),
+            decode_expert_ffn_blocked_swiglu::entry(),
             decode_expert_ffn_gate_up_blocked::entry(),
             decode_expert_ffn_down_blocked::entry(),
             prefill_expert_ffn_persistent::entry(),
@@ -230,6 +257,7 @@ pub fn all() -> &'static [KernelEntry] {
             general_expert_ffn_gather::entry(),
             general_expert_ffn_grouped::entry(),
             general_expert_ffn_gather_silu::entry(),
+            general_expert_ffn_gather_swiglu::entry(),
             general_expert_ffn_grouped_silu::entry(),
             general_gate_up::entry(),
             general_down::entry(),

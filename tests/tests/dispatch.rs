@@ -468,3 +468,41 @@ fn bound_inputs_follow_the_op_table() {
         }
     }
 }
+
+#[test]
+fn an_activations_parameters_are_part_of_what_is_asked_for() {
+    let swiglu = |limit| dispatch::Task {
+        op: Op::ExpertFfn,
+        activation: Activation::SwigluClamped {
+            limit,
+            alpha: 1.702,
+        },
+    };
+    let c = dispatch::choose(
+        specs::all(),
+        &Backend::cpu(),
+        swiglu(7.0),
+        DType::Bf16,
+        &DECODE,
+        None,
+    )
+    .expect("the blocked clamped-SwiGLU variant serves decode");
+    assert_eq!(c.kernel, "decode_expert_ffn_blocked_swiglu");
+    // Another limit is another function: no spec computes it, and the refusal names both.
+    let err = dispatch::choose(
+        specs::all(),
+        &Backend::cpu(),
+        swiglu(5.0),
+        DType::Bf16,
+        &DECODE,
+        None,
+    )
+    .expect_err("no spec clamps at 5");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(
+            "swiglu_clamped(limit = 7, alpha = 1.702), not swiglu_clamped(limit = 5, alpha = 1.702)"
+        ),
+        "{msg}"
+    );
+}

@@ -11,6 +11,29 @@ use moek_kernels::{Inputs, Shape};
 
 use moek_kernels::geometry::DECODE;
 
+moek_kernels::kernel! {
+    /// gpt-oss's clamped SwiGLU with a limit the test cases' gates and ups cross often, so its
+    /// generated equivalence tests (cpu, wgpu) check the clamps, not only the smooth part.
+    pub tight_swiglu = expert_ffn {
+        dims:       T, R, E, H, F;
+        dtypes:     f16, bf16, f32;
+        targets:    cpu, wgpu;
+        activation: swiglu_clamped(limit = 0.25, alpha = 1.702);
+        select:     gather E by R;
+        cores:      R = 8;
+    }
+
+    /// The same on Spyre, whose programs are fixed: a small decode geometry.
+    pub tight_swiglu_spyre = expert_ffn {
+        dims:       T = 1, R = 8, E = 16, H = 512, F = 256;
+        dtypes:     f16, bf16;
+        targets:    spyre;
+        activation: swiglu_clamped(limit = 0.25, alpha = 1.702);
+        select:     gather E by R;
+        cores:      R = 8;
+    }
+}
+
 fn run(f: moek_kernels::CpuFn<bf16>, case: &Case<bf16>, len: usize) -> Vec<f32> {
     let mut out = vec![f32::NAN; len];
     f(&case.shape, &case.inputs(), &mut out);
@@ -210,4 +233,33 @@ fn nan_never_passes() {
     assert!(!d.within(tolerance(DType::Bf16)));
     let d = Deviation::measure(&[1.0, f32::INFINITY], &[1.0, 2.0]);
     assert!(!d.within(tolerance(DType::Bf16)));
+}
+
+/// The clamps of `tight_swiglu` bind on the cases its generated tests draw: its reference differs
+/// from an unclamped one's by far more than any tolerance.
+#[test]
+fn the_tight_swiglu_cases_cross_the_clamp() {
+    let k = tight_swiglu::entry();
+    let shape = moek_kernels::testing::shape_for(k.ir(), &moek_kernels::testing::SMALL);
+    let case = Case::<bf16>::new(Op::ExpertFfn, shape, 1);
+    let loose = Activation::SwigluClamped {
+        limit: 1e6,
+        alpha: 1.702,
+    };
+    let (mut diff2, mut ref2) = (0f64, 0f64);
+    for row in 0..shape.t {
+        let tight = case.reference_row(k.ir().activation, row);
+        let smooth = case.reference_row(loose, row);
+        diff2 += tight
+            .iter()
+            .zip(&smooth)
+            .map(|(a, b)| (a - b).powi(2))
+            .sum::<f64>();
+        ref2 += tight.iter().map(|a| a * a).sum::<f64>();
+    }
+    let rel = (diff2 / ref2).sqrt();
+    assert!(
+        rel > 0.05,
+        "the clamp changes the reference by only {rel:e}"
+    );
 }

@@ -6,7 +6,14 @@
 fn ui() {
     let t = trybuild::TestCases::new();
     for group in [
-        "keys", "names", "blocks", "cores", "select", "spyre", "wgpu",
+        "keys",
+        "names",
+        "activation",
+        "blocks",
+        "cores",
+        "select",
+        "spyre",
+        "wgpu",
     ] {
         t.compile_fail(format!("ui/{group}/*.rs"));
     }

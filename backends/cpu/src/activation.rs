@@ -50,6 +50,18 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
+/// gpt-oss's clamped SwiGLU of a gated pair: `g' sigmoid(alpha g') (u' + 1)` with
+/// `g' = min(g, limit)` and `u' = clamp(u, -limit, limit)`. `g' * sigmoid(alpha g')` is
+/// written `g' / (1 + exp(-alpha g'))`; `exp` overflows to inf only for large negative `g'`,
+/// where the quotient is -0, the limit.
+#[inline]
+pub fn swiglu_clamped(g: f32, u: f32, limit: f32, alpha: f32) -> f32 {
+    // Not `min`, which would turn a NaN gate into `limit`; `clamp` keeps NaN.
+    let g = if g > limit { limit } else { g };
+    let u = u.clamp(-limit, limit);
+    g / (1.0 + (-alpha * g).exp()) * (u + 1.0)
+}
+
 /// Gemma's final logit softcap: `cap * tanh(x / cap)`.
 #[inline]
 pub fn softcap(x: f32, cap: f32) -> f32 {
@@ -120,6 +132,40 @@ mod tests {
         assert!(silu(f32::NAN).is_nan());
         assert_eq!(silu(-1e30), -0.0);
         assert_eq!(silu(1e30), 1e30);
+    }
+
+    #[test]
+    fn swiglu_clamped_is_within_a_few_ulps_of_f64() {
+        let (limit, alpha) = (7.0f32, 1.702f32);
+        let want = |g: f64, u: f64| {
+            let g = g.min(f64::from(limit));
+            let u = u.clamp(-f64::from(limit), f64::from(limit));
+            g / (1.0 + (-f64::from(alpha) * g).exp()) * (u + 1.0)
+        };
+        let mut worst = 0f64;
+        for g in sweep().filter(|x| x.abs() < 40.0).step_by(7) {
+            for u in [-9.0f32, -1.5, -1.0, -0.25, 0.0, 0.5, 3.0, 7.0, 12.0] {
+                let w = want(f64::from(g), f64::from(u));
+                let got = f64::from(swiglu_clamped(g, u, limit, alpha));
+                // Near u = -1 the factor (u + 1) cancels; judge against the pair's scale there.
+                let scale = w.abs().max(f64::from(g.abs().min(limit)) * 1e-6);
+                // Rounding `alpha g` to f32 moves exp's result by |alpha g| half-ulps: the bound
+                // grows with the exponent, as any f32 evaluation's must.
+                let growth = 1.0 + f64::from((alpha * g.min(limit)).abs());
+                worst = worst.max((got - w).abs() / scale.max(f64::MIN_POSITIVE) / growth);
+            }
+        }
+        assert!(
+            worst <= 2f64.powi(-21),
+            "worst relative error / (1 + |alpha g|): {worst:e}"
+        );
+        assert!(swiglu_clamped(f32::NAN, 1.0, limit, alpha).is_nan());
+        assert!(swiglu_clamped(1.0, f32::NAN, limit, alpha).is_nan());
+        assert_eq!(
+            swiglu_clamped(1e30, 1e30, limit, alpha),
+            swiglu_clamped(limit, limit, limit, alpha)
+        );
+        assert_eq!(swiglu_clamped(-1e30, 0.0, limit, alpha), -0.0);
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub mod pool;
 pub mod schedule;
 pub mod scratch;
 
-pub use activation::{gelu_tanh, silu, softcap, softcap_slice};
+pub use activation::{gelu_tanh, silu, softcap, softcap_slice, swiglu_clamped};
 pub use axpy::axpy;
 pub use dot::{dot, dot_f32_w, dot4};
 pub use element::Element;

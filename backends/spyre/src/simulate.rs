@@ -498,15 +498,22 @@ impl<'a> Ctx<'a, '_> {
                     .for_each(|(a, p)| *a += p);
                 (acc, o)
             }
-            Sfp::GeluMul { g, u, out, elems } | Sfp::SiluMul { g, u, out, elems } => {
-                let act = match sfp.activation().expect("a gated-pair op") {
-                    Activation::GeluTanh => moek_cpu::gelu_tanh,
-                    Activation::Silu => moek_cpu::silu,
+            Sfp::GeluMul { g, u, out, elems }
+            | Sfp::SiluMul { g, u, out, elems }
+            | Sfp::SwigluClampedMul {
+                g, u, out, elems, ..
+            } => {
+                let gated = |g, u| match sfp.activation().expect("a gated-pair op") {
+                    Activation::GeluTanh => moek_cpu::gelu_tanh(g) * u,
+                    Activation::Silu => moek_cpu::silu(g) * u,
+                    Activation::SwigluClamped { limit, alpha } => {
+                        moek_cpu::swiglu_clamped(g, u, limit, alpha)
+                    }
                 };
                 let mut o = std::mem::take(lx.get_mut(out.as_str()).expect("validated"));
                 let (gv, uv) = (&lx[g.as_str()], &lx[u.as_str()]);
                 for i in 0..*elems {
-                    o[i] = act(gv[i]) * uv[i];
+                    o[i] = gated(gv[i], uv[i]);
                 }
                 (out, o)
             }

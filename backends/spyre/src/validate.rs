@@ -49,6 +49,8 @@ pub enum Invalid {
     EmptyRegion { tensor: String },
     #[error("tensor `{tensor}` is malformed: {why}")]
     Malformed { tensor: String, why: String },
+    #[error("an op's parameters are out of range: {why}")]
+    Parameters { why: String },
     #[error("maps {got} cores to slices, but its slices make {expected} work units")]
     SliceCount { expected: usize, got: usize },
     #[error("has slice {coord} of `{dim}`, which has {parts} slices")]
@@ -413,7 +415,18 @@ impl Checker<'_> {
                 self.operand(acc, *elems)?;
                 self.operand(part, *elems)
             }
-            Sfp::GeluMul { g, u, out, elems } | Sfp::SiluMul { g, u, out, elems } => {
+            Sfp::SwigluClampedMul { limit, alpha, .. }
+                if !(limit.is_finite() && *limit > 0.0 && alpha.is_finite() && *alpha > 0.0) =>
+            {
+                Err(self.at_op(Invalid::Parameters {
+                    why: format!(
+                        "swiglu_clamped needs a finite, positive limit and alpha, not {limit} and {alpha}"
+                    ),
+                }))
+            }
+            Sfp::GeluMul { g, u, out, elems }
+            | Sfp::SiluMul { g, u, out, elems }
+            | Sfp::SwigluClampedMul { g, u, out, elems, .. } => {
                 self.operand(g, *elems)?;
                 self.operand(u, *elems)?;
                 self.operand(out, *elems)

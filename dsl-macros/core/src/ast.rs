@@ -2,7 +2,7 @@
 //! stage can point at the user's literal.
 
 use proc_macro2::TokenStream;
-use syn::{Attribute, Ident, LitInt, Visibility};
+use syn::{Attribute, Ident, Lit, LitInt, Visibility};
 
 /// `/// doc  pub NAME = OP { entries }`
 #[derive(Debug)]
@@ -67,4 +67,12 @@ pub struct SizeDecl {
 pub struct LoopDecl {
     pub dim: Ident,
     pub kind: Ident,
+}
+
+/// `silu`, or `swiglu_clamped(limit = 7.0, alpha = 1.702)`: a name and its parameters.
+#[derive(Debug)]
+pub struct ActivationDecl {
+    pub name: Ident,
+    /// `key = literal` pairs, in the order written; `None` without parentheses.
+    pub params: Option<Vec<(Ident, Lit)>>,
 }

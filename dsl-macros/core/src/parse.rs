@@ -7,7 +7,7 @@ use proc_macro2::{TokenStream, TokenTree};
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream, Parser};
 use syn::punctuated::Punctuated;
-use syn::{Attribute, Ident, LitInt, Token, Visibility, braced, bracketed, parenthesized};
+use syn::{Attribute, Ident, Lit, LitInt, Token, Visibility, braced, bracketed, parenthesized};
 
 /// Parses one or more specs.
 pub fn parse_specs(input: TokenStream) -> syn::Result<Vec<Spec>> {
@@ -73,6 +73,35 @@ impl Parse for Entry {
 pub fn names(input: ParseStream) -> syn::Result<Vec<Ident>> {
     Ok(
         Punctuated::<Ident, Token![,]>::parse_separated_nonempty_with(input, Ident::parse_any)?
+            .into_iter()
+            .collect(),
+    )
+}
+
+impl Parse for ActivationDecl {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let name = Ident::parse_any(input)?;
+        let params = if input.peek(syn::token::Paren) {
+            let inner;
+            parenthesized!(inner in input);
+            let pairs =
+                Punctuated::<(Ident, Lit), Token![,]>::parse_terminated_with(&inner, |p| {
+                    let key = Ident::parse_any(p)?;
+                    p.parse::<Token![=]>()?;
+                    Ok((key, p.parse()?))
+                })?;
+            Some(pairs.into_iter().collect())
+        } else {
+            None
+        };
+        Ok(ActivationDecl { name, params })
+    }
+}
+
+/// Comma-separated activations (a spec may name one; the check stage says so at the second).
+pub fn activations(input: ParseStream) -> syn::Result<Vec<ActivationDecl>> {
+    Ok(
+        Punctuated::<ActivationDecl, Token![,]>::parse_separated_nonempty(input)?
             .into_iter()
             .collect(),
     )

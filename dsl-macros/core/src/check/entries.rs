@@ -98,17 +98,12 @@ impl Checker {
                 "loop" => p.persistent = parse_or_record!(<LoopDecl as syn::parse::Parse>::parse),
                 "stream" => p.stream = parse_or_record!(parse::sizes).unwrap_or_default(),
                 "activation" => {
-                    let names = parse_or_record!(parse::names);
-                    let acts = self.named(
-                        names,
-                        Activation::from_name,
-                        "activation",
-                        Activation::valid_names,
-                    );
-                    if acts.len() > 1 {
-                        self.errors.push(acts[1].1, "a spec has one activation");
+                    let decls = parse_or_record!(parse::activations).unwrap_or_default();
+                    if let Some(second) = decls.get(1) {
+                        self.errors
+                            .push(second.name.span(), "a spec has one activation");
                     }
-                    p.activation = acts.first().copied();
+                    p.activation = decls.first().and_then(|d| self.activation(d));
                 }
                 _ => unreachable!("every key in KEYS is handled"),
             }
@@ -142,6 +137,97 @@ impl Checker {
     }
 
     /// Maps names to values, recording unknown and repeated names.
+    /// An activation's name and parameters: each parameter the name takes given once, as a
+    /// finite, positive number, and nothing else.
+    fn activation(&mut self, d: &ActivationDecl) -> Option<(Activation, Span)> {
+        let name = d.name.to_string();
+        let Some(wanted) = Activation::parameters(&name) else {
+            self.errors.push(
+                d.name.span(),
+                format!(
+                    "unknown activation `{name}`; valid: {}",
+                    Activation::valid_names()
+                ),
+            );
+            return None;
+        };
+        let given = d.params.as_deref().unwrap_or_default();
+        if wanted.is_empty() {
+            if let Some((key, _)) = given.first() {
+                self.errors
+                    .push(key.span(), format!("`{name}` takes no parameters"));
+            } else if d.params.is_some() {
+                self.errors.push(
+                    d.name.span(),
+                    format!("`{name}` takes no parameters; write `{name}`"),
+                );
+            }
+            return Activation::from_parts(&name, &[]).map(|a| (a, d.name.span()));
+        }
+        let spelled = wanted
+            .iter()
+            .map(|w| format!("{w} = .."))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut values = vec![None; wanted.len()];
+        let mut ok = true;
+        for (key, lit) in given {
+            let Some(i) = wanted.iter().position(|w| key == w) else {
+                self.errors.push(
+                    key.span(),
+                    format!(
+                        "`{name}` has no parameter `{key}`; it takes {}",
+                        wanted.join(", ")
+                    ),
+                );
+                ok = false;
+                continue;
+            };
+            if values[i].is_some() {
+                self.errors
+                    .push(key.span(), format!("duplicate parameter `{key}`"));
+                ok = false;
+                continue;
+            }
+            let value = match lit {
+                syn::Lit::Float(f) => f.base10_parse::<f32>().ok(),
+                syn::Lit::Int(n) => n.base10_parse::<f32>().ok(),
+                _ => None,
+            };
+            match value {
+                Some(v) if v.is_finite() && v > 0.0 => values[i] = Some(v),
+                _ => {
+                    self.errors.push(
+                        lit.span(),
+                        format!("`{key}` must be a finite, positive number, such as 7.0"),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        let missing: Vec<&str> = wanted
+            .iter()
+            .zip(&values)
+            .filter(|(_, v)| v.is_none())
+            .map(|(w, _)| *w)
+            .collect();
+        if ok && !missing.is_empty() {
+            self.errors.push(
+                d.name.span(),
+                format!(
+                    "`{name}` needs {}: write `{name}({spelled})`",
+                    missing
+                        .iter()
+                        .map(|m| format!("`{m}`"))
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                ),
+            );
+        }
+        let values: Option<Vec<f32>> = values.into_iter().collect();
+        Activation::from_parts(&name, &values?).map(|a| (a, d.name.span()))
+    }
+
     pub(super) fn named<T: PartialEq + Copy>(
         &mut self,
         idents: Option<Vec<Ident>>,

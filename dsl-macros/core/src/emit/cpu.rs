@@ -8,7 +8,7 @@
 //! A gathered expert FFN whose two phases are cut only by tokens and routes, the same way, runs
 //! each unit's routes through both phases back to back (same terms, same order, no barrier).
 
-use moek_ir::{Blocks, DimName, Kernel, Op, Phase, Selection};
+use moek_ir::{Activation, Blocks, DimName, Kernel, Op, Phase, Selection};
 use proc_macro2::{Literal, TokenStream};
 use quote::{format_ident, quote};
 
@@ -151,9 +151,9 @@ fn parts(k: &Kernel, phase: Phase, dim: DimName) -> Literal {
     lit(parts_of(k, phase, dim))
 }
 
-/// Gate/up over gathered routes: units T x R x F x H; writes `act(g) * u` to `dst` `[T, R, F]`.
+/// Gate/up over gathered routes: units T x R x F x H; writes `gated(g, u)` to `dst` `[T, R, F]`.
 fn gather_gate_up(k: &Kernel, phase: Phase, dst: TokenStream) -> TokenStream {
-    let act = activation(k);
+    let pair = gated(k, quote!(g), quote!(u));
     let (pt, pr, pf, ph) = (
         parts(k, phase, DimName::T),
         parts(k, phase, DimName::R),
@@ -199,7 +199,7 @@ fn gather_gate_up(k: &Kernel, phase: Phase, dst: TokenStream) -> TokenStream {
                 }
             });
         }
-        // Completed sum over the H parts in part order, then the epilogue act(g) * u.
+        // Completed sum over the H parts in part order, then the epilogue gated(g, u).
         (#dst)[..t_n * r_n * f_n].par_chunks_mut(f_n).enumerate().for_each(|(slot, a)| {
             for j in 0..f_n {
                 let (mut g, mut u) = (0f32, 0f32);
@@ -208,7 +208,7 @@ fn gather_gate_up(k: &Kernel, phase: Phase, dst: TokenStream) -> TokenStream {
                     g += partials[b + j];
                     u += partials[b + f_n + j];
                 }
-                a[j] = #act(g) * u;
+                a[j] = #pair;
             }
         });
     }
@@ -217,10 +217,17 @@ fn gather_gate_up(k: &Kernel, phase: Phase, dst: TokenStream) -> TokenStream {
 /// Whether both phases of a gathered expert FFN are cut only by tokens and routes, identically:
 /// then each unit owns whole routes in both phases, and a route's down needs nothing but its own
 /// activation.
-/// The spec's activation as the `moek-cpu` function of the same name.
-fn activation(k: &Kernel) -> TokenStream {
+/// The spec's gated pair `gated(g, u)` as an expression over the `moek-cpu` function of the
+/// activation's name (parameters, if any, as literals the compiler folds in).
+fn gated(k: &Kernel, g: TokenStream, u: TokenStream) -> TokenStream {
     let f = format_ident!("{}", k.activation.name());
-    quote!(cpu::#f)
+    match k.activation {
+        Activation::GeluTanh | Activation::Silu => quote!(cpu::#f(#g) * #u),
+        Activation::SwigluClamped { limit, alpha } => {
+            let (limit, alpha) = (Literal::f32_suffixed(limit), Literal::f32_suffixed(alpha));
+            quote!(cpu::#f(#g, #u, #limit, #alpha))
+        }
+    }
 }
 
 fn route_owned(k: &Kernel) -> bool {
@@ -241,7 +248,7 @@ fn route_owned(k: &Kernel) -> bool {
 /// down reads only its own activation), then the K-axis combine. The arithmetic is the two-phase
 /// emission's, term for term.
 fn gather_route_owned(k: &Kernel) -> TokenStream {
-    let act = activation(k);
+    let pair = gated(k, quote!(g[j]), quote!(u[j]));
     let (pt, pr) = (
         parts(k, Phase::GateUp, DimName::T),
         parts(k, Phase::GateUp, DimName::R),
@@ -251,7 +258,7 @@ fn gather_route_owned(k: &Kernel) -> TokenStream {
     let h_cols = blocks(k.column_blocks(DimName::H), DimName::H);
     let combine = combine_routes(quote!(y));
     quote! {
-        // Route owners: gate/up (H in declared blocks), act(g) * u, then down (H in
+        // Route owners: gate/up (H in declared blocks), gated(g, u), then down (H in
         // column blocks, F in declared blocks) for each of their routes, banks read in place.
         let grid = cpu::Grid::new([(t_n, #pt), (r_n, #pr)]);
         let h_blocks: &[(usize, usize)] = #h_blocks;
@@ -272,7 +279,7 @@ fn gather_route_owned(k: &Kernel) -> TokenStream {
                         cpu::matvec_segments(xt, bank, h_n, 0..f_n, h_blocks, &mut g);
                         cpu::matvec_segments(xt, &bank[f_n * h_n..], h_n, 0..f_n, h_blocks, &mut u);
                         for j in 0..f_n {
-                            a[j] = #act(g[j]) * u[j];
+                            a[j] = #pair;
                         }
                         let bank = &down[e * h_n * f_n..(e + 1) * h_n * f_n];
                         for &(c0, c1) in h_cols {
@@ -369,7 +376,7 @@ fn gather_down(k: &Kernel, phase: Phase, act: TokenStream) -> TokenStream {
 /// GEMM gate/up phase over `n` token rows `xs` (`[n, H]`, in token order; `rows_of` maps a token
 /// range to rows), writing the activation in the weight dtype to `aw` `[n, F]`.
 fn gemm_gate_up(k: &Kernel, gate: TokenStream, up: TokenStream) -> TokenStream {
-    let act = activation(k);
+    let pair = gated(k, quote!(g), quote!(u));
     let phase = Phase::GateUp;
     let (pt, pf, ph) = (
         parts(k, phase, DimName::T),
@@ -413,7 +420,7 @@ fn gemm_gate_up(k: &Kernel, gate: TokenStream, up: TokenStream) -> TokenStream {
                     g += partials[b + j];
                     u += partials[b + f_n + j];
                 }
-                W::from_f32(#act(g) * u)
+                W::from_f32(#pair)
             })
             .collect();
     }
@@ -520,7 +527,7 @@ fn dense_persistent(k: &Kernel) -> TokenStream {
 /// Tokens grouped by expert (data-dependent sizes): one GEMM pair per expert, experts as work
 /// units, then the K-axis combine in route order.
 fn grouped(k: &Kernel) -> TokenStream {
-    let act = activation(k);
+    let pair = gated(k, quote!(g[j]), quote!(g[f_n + j]));
     let combine = combine_routes(quote!(ys));
     let h_blocks = blocks(k.reduce_blocks(DimName::H), DimName::H);
     let f_blocks = blocks(k.reduce_blocks(DimName::F), DimName::F);
@@ -552,7 +559,7 @@ fn grouped(k: &Kernel) -> TokenStream {
                 for (row, a) in aw.chunks_exact_mut(f_n).enumerate() {
                     let g = &gu[row * 2 * f_n..][..2 * f_n];
                     for j in 0..f_n {
-                        a[j] = W::from_f32(#act(g[j]) * g[f_n + j]);
+                        a[j] = W::from_f32(#pair);
                     }
                 }
                 let mut y = cpu::Scratch::<f32>::zeroed(n * h_n);

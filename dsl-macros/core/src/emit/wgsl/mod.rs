@@ -182,7 +182,7 @@ impl<'k> Emitter<'k> {
             "\nconst WG: u32 = {WORKGROUP}u;\nconst TILE: u32 = {TILE}u;\n"
         );
         src.push_str(PARAMS);
-        src.push_str(activation(self.k.activation));
+        src.push_str(&activation(self.k.activation));
         src.push_str(SOFTCAP);
         src.push_str(&workgroup_sum("wg_sum", "red1", "f32"));
         src.push_str(&workgroup_sum("wg_sum2", "red2", "vec2<f32>"));

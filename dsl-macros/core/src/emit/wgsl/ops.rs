@@ -76,9 +76,8 @@ impl Emitter<'_> {
                  let t = tr / {r}u;\n    \
                  let e = idx_0[tr];\n    \
                  var acc = vec2<f32>(0.0);\n{red}    \
-                 if (lid == 0u) {{ {st}[tr * {f}u + j] = {act}(acc.x) * acc.y; }}\n",
+                 if (lid == 0u) {{ {st}[tr * {f}u + j] = gated(acc.x, acc.y); }}\n",
                 r = s.r,
-                act = self.k.activation,
             );
             self.entry(&name, s.t * s.r * w, &body);
         }
@@ -220,10 +219,7 @@ impl Emitter<'_> {
             "    let j = wid.x * WG + lid;\n    \
              if (j >= {f}u) {{ return; }}\n{}{g}{u}{}",
             tile(h),
-            store(&format!(
-                "act_0[t * {f}u + j] = {}(g[q]) * u[q];",
-                self.k.activation
-            )),
+            store(&format!("act_0[t * {f}u + j] = gated(g[q], u[q]);")),
         );
         let segs = self.segments(Phase::Down, DimName::F, f);
         let dot = self.tile("down", "act", even(&segs, f));
@@ -276,12 +272,11 @@ impl Emitter<'_> {
                 SegCall::group(&up, ["j".to_string(), format!("t * {h}u")]),
             ],
         );
-        let act = self.k.activation;
         let body = format!(
             "    let j = row % {f}u;\n    \
              let t = row / {f}u;\n    \
              var acc = vec2<f32>(0.0);\n{red}    \
-             if (lid == 0u) {{ act_0[t * {f}u + j] = {act}(acc.x) * acc.y; }}\n"
+             if (lid == 0u) {{ act_0[t * {f}u + j] = gated(acc.x, acc.y); }}\n"
         );
         self.entry("gate_up", s.t * f, &body);
         let down = self.part("down", "act");

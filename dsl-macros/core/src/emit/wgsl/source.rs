@@ -28,23 +28,36 @@ var<private> tok: array<u32, TILE>;
 
 ";
 
-/// The activation's WGSL function, named as in specs.
-pub(super) fn activation(act: Activation) -> &'static str {
+/// The activation's WGSL: `fn gated(g, u)`, the gated pair every op's epilogue calls.
+pub(super) fn activation(act: Activation) -> String {
     match act {
         Activation::GeluTanh => "// tanh's argument is clamped: some drivers' tanh overflows to NaN for large inputs, and
 // tanh(15) is 1 in f32.
-fn gelu_tanh(x: f32) -> f32 {
-    let u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
-    return 0.5 * x * (1.0 + tanh(clamp(u, -15.0, 15.0)));
+fn gated(g: f32, u: f32) -> f32 {
+    let c = 0.7978845608028654 * (g + 0.044715 * g * g * g);
+    return 0.5 * g * (1.0 + tanh(clamp(c, -15.0, 15.0))) * u;
 }
 
-",
-        // exp(-x) overflows to inf below -88, where x / inf is -0, the limit.
-        Activation::Silu => "fn silu(x: f32) -> f32 {
-    return x / (1.0 + exp(-x));
+"
+        .to_string(),
+        // exp(-g) overflows to inf below -88, where g / inf is -0, the limit.
+        Activation::Silu => "fn gated(g: f32, u: f32) -> f32 {
+    return g / (1.0 + exp(-g)) * u;
 }
 
-",
+"
+        .to_string(),
+        // `select` rather than `min`: WGSL's min may drop a NaN, and NaN must reach the output.
+        // exp overflows to inf only for large negative gates, where the quotient is -0.
+        Activation::SwigluClamped { limit, alpha } => format!(
+            "fn gated(g: f32, u: f32) -> f32 {{
+    let gc = select(g, {limit:?}, g > {limit:?});
+    let uc = select(clamp(u, -{limit:?}, {limit:?}), u, u != u);
+    return gc / (1.0 + exp(-{alpha:?} * gc)) * (uc + 1.0);
+}}
+
+"
+        ),
     }
 }
 
