@@ -23,6 +23,16 @@ moek_kernels::kernel! {
         cores:      R = 8;
     }
 
+    /// A core split that does not divide its fixed dim: CPU and wgpu take near-equal parts
+    /// (100 columns of F as 33, 33, 34), and the generated tests check every element.
+    pub uneven_split = gate_up {
+        dims:    T, R, E, H = 96, F = 100;
+        dtypes:  bf16, f32;
+        targets: cpu, wgpu;
+        select:  gather E by R;
+        cores:   F = 3;
+    }
+
     /// The same on Spyre, whose programs are fixed: a small decode geometry.
     pub tight_swiglu_spyre = expert_ffn {
         dims:       T = 1, R = 8, E = 16, H = 512, F = 256;

@@ -14,6 +14,16 @@ impl Errors {
         self.errors.push(syn::Error::new(span, msg));
     }
 
+    /// Records an error whose caret runs from `start` to `end` (syn renders the range on stable,
+    /// where spans cannot be joined).
+    pub fn push_range(&mut self, start: Span, end: Span, msg: impl Display) {
+        let ends: proc_macro2::TokenStream = [start, end]
+            .into_iter()
+            .map(|s| proc_macro2::TokenTree::Ident(proc_macro2::Ident::new("range", s)))
+            .collect();
+        self.errors.push(syn::Error::new_spanned(ends, msg));
+    }
+
     pub fn push_err(&mut self, err: syn::Error) {
         self.errors.push(err);
     }

@@ -34,7 +34,7 @@ fn every_mistake_is_reported_and_the_module_still_exists() {
             dtypes: bf16, f8; targets: cpu;
             select: gather E by R;
             reduce: H = 700 x 4;
-            cores: R = 5;
+            cores: R = 9;
         }
     })
     .to_string();
@@ -43,7 +43,7 @@ fn every_mistake_is_reported_and_the_module_still_exists() {
         "no dim `Q`",
         "unknown dtype `f8`",
         "sum to 2800, not 2816",
-        "split 5 does not divide `R` 8",
+        "split 9 is more parts than `R` 8 has elements",
     ] {
         assert!(out.contains(msg), "missing {msg:?} in {out}");
     }

@@ -4,9 +4,10 @@ kernel! {
     pub k = gate_up {
         dims:    T = 1, R = 8, E = 128, H = 2816, F = 704;
         dtypes:  bf16;
-        targets: cpu;
+        targets: cpu, spyre;
         select:  gather E by R;
         cores:   R = 3;
+        requires: indexed_selection_layout;
     }
 }
 

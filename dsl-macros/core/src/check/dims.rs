@@ -9,7 +9,7 @@ impl Checker {
     /// Dims: exactly the op's, each once, sizes positive. Returns them in canonical order.
     pub(super) fn dims(&mut self, spec: &Spec, op: Op, decls: Option<&[DimDecl]>) -> Vec<Dim> {
         let mut found: Vec<Dim> = Vec::new();
-        let mut declared: Vec<DimName> = Vec::new();
+        let mut declared: Vec<(DimName, proc_macro2::Span)> = Vec::new();
         let valid = op
             .dims()
             .iter()
@@ -21,12 +21,16 @@ impl Checker {
             let Some(dim) = self.op_dim(op, &decl.name) else {
                 continue;
             };
-            if declared.contains(&dim) {
+            if let Some(&(_, first)) = declared.iter().find(|(d, _)| *d == dim) {
+                self.errors.push(
+                    decl.name.span(),
+                    format!("duplicate dim `{name}`: each dim is declared once"),
+                );
                 self.errors
-                    .push(decl.name.span(), format!("duplicate dim `{name}`"));
+                    .push(first, format!("note: `{name}` is first declared here"));
                 continue;
             }
-            declared.push(dim);
+            declared.push((dim, decl.name.span()));
             let what = format!("dim `{name}`");
             let size = decl.size.as_ref().and_then(|lit| self.positive(lit, &what));
             if decl.size.is_some() && size.is_none() {
@@ -60,7 +64,7 @@ impl Checker {
         let missing: Vec<&str> = op
             .dims()
             .iter()
-            .filter(|d| !declared.contains(d))
+            .filter(|d| !declared.iter().any(|(x, _)| x == *d))
             .map(|d| d.name())
             .collect();
         if !missing.is_empty() && decls.is_some() {

@@ -100,7 +100,8 @@ impl Checker {
         let select = self.select(spec, op, p.select.as_ref());
         let reduce = self.all_blocks(op, &sizes, &p.reduce, BlockKind::Reduce);
         let columns = self.all_blocks(op, &sizes, &p.columns, BlockKind::Columns);
-        let cores = self.cores(op, select, &sizes, &p.cores);
+        let spyre = p.targets.iter().any(|t| t.0 == Target::Spyre);
+        let cores = self.cores(op, select, &sizes, &p.cores, spyre);
         let groups = p
             .groups
             .as_ref()

@@ -170,13 +170,15 @@ impl Checker {
         })
     }
 
-    /// Core splits: known dims, dividing fixed sizes, at most 32 cores, one reduction dim split.
+    /// Core splits: known dims, at most a fixed size's elements (dividing it exactly on Spyre), at
+    /// most 32 cores, one reduction dim split.
     pub(super) fn cores(
         &mut self,
         op: Op,
         select: Selection,
         sizes: &HashMap<DimName, Option<usize>>,
         decls: &[(Phase, Span, CoresDecl)],
+        spyre: bool,
     ) -> Vec<CoreSplit> {
         let mut out = Vec::new();
         for (phase, key_span, decl) in decls {
@@ -231,29 +233,40 @@ impl Checker {
                     ok = false;
                     continue;
                 };
-                if let Some(Some(size)) = sizes.get(&dim)
-                    && size % parts != 0
-                {
-                    let valid: Vec<String> = (1..=CORES.min(*size))
-                        .filter(|d| size % d == 0)
-                        .map(|d| d.to_string())
-                        .collect();
-                    self.errors.push(
-                        lit.span(),
-                        format!(
-                            "split {parts} does not divide `{name}` {size}; valid: {}",
-                            valid.join(", ")
-                        ),
-                    );
-                    ok = false;
+                // CPU and wgpu cut a dim into near-equal parts (`i * n / parts`), as they do a
+                // free one; Spyre's slices are equal, so its specs need exact divisors.
+                if let Some(&Some(size)) = sizes.get(&dim) {
+                    if parts > size {
+                        self.errors.push(
+                            lit.span(),
+                            format!(
+                                "split {parts} is more parts than `{name}` {size} has elements"
+                            ),
+                        );
+                        ok = false;
+                    } else if spyre && size % parts != 0 {
+                        let valid: Vec<String> = (1..=CORES.min(size))
+                            .filter(|d| size % d == 0)
+                            .map(|d| d.to_string())
+                            .collect();
+                        self.errors.push(
+                            lit.span(),
+                            format!(
+                                "split {parts} does not divide `{name}` {size}, and spyre cuts equal slices; valid: {} (cpu and wgpu alone take near-equal parts)",
+                                valid.join(", ")
+                            ),
+                        );
+                        ok = false;
+                    }
                 }
                 splits.push(Split { dim, parts });
             }
             let product: usize = splits.iter().map(|s| s.parts).product();
             if product > MAX_CORES {
                 let desc: Vec<String> = splits.iter().map(|s| s.parts.to_string()).collect();
-                self.errors.push(
+                self.errors.push_range(
                     decl.parts[0].span(),
+                    decl.parts[decl.parts.len() - 1].span(),
                     format!(
                         "core splits use {} = {product} cores; at most {MAX_CORES}",
                         desc.join(" x ")
@@ -266,12 +279,25 @@ impl Checker {
                 .filter(|s| s.parts > 1 && op.reduction_dims(*phase).contains(&s.dim))
                 .collect();
             if reductions.len() > 1 {
-                let names: Vec<String> = reductions.iter().map(|s| s.dim.to_string()).collect();
-                self.errors.push(
-                    *key_span,
+                let names: Vec<String> =
+                    reductions.iter().map(|s| format!("`{}`", s.dim)).collect();
+                let keep: Vec<String> = reductions
+                    .iter()
+                    .map(|s| format!("`{} = {}`", s.dim, s.parts))
+                    .collect();
+                let (all, one) = if names.len() == 2 {
+                    ("both", "either")
+                } else {
+                    ("all", "one")
+                };
+                self.errors.push_range(
+                    decl.dims[0].span(),
+                    decl.parts[decl.parts.len() - 1].span(),
                     format!(
-                        "{} are all reduction dims of `{op}`; at most one reduction dim may be split across cores",
-                        names.join(" and ")
+                        "{} are {all} reduction dims of `{op}`{}: a phase completes one reduction across cores, so split at most one; keep {one} of {}",
+                        names.join(" and "),
+                        phase_suffix(*phase),
+                        keep.join(", ")
                     ),
                 );
                 ok = false;
@@ -306,9 +332,16 @@ impl Checker {
         if let Some(Some(t)) = sizes.get(&DimName::T)
             && t % parts != 0
         {
+            let valid: Vec<String> = (1..=MAX_CORES.min(*t))
+                .filter(|d| t % d == 0)
+                .map(|d| d.to_string())
+                .collect();
             self.errors.push(
                 g.size.span(),
-                format!("{parts} groups do not divide `T` {t}"),
+                format!(
+                    "{parts} groups do not divide `T` {t}; valid (at most {MAX_CORES}, one per core): {}",
+                    valid.join(", ")
+                ),
             );
             return None;
         }

@@ -10,6 +10,18 @@ impl Checker {
     /// Rules for specs that target Spyre: programs are fixed at macro time, edges fall on sticks,
     /// resident operands fit LX.
     pub(crate) fn spyre_rules(&mut self, spec: &Spec, k: &Kernel, p: &Parsed) {
+        if matches!(k.op, Op::DenseMlp | Op::LmHeadRow) {
+            let span = p
+                .targets
+                .iter()
+                .find(|t| t.0 == Target::Spyre)
+                .map_or(spec.name.span(), |t| t.1);
+            self.errors.push(
+                span,
+                format!("spyre has no lowering of `{}` yet (it lowers gate_up, down and expert_ffn): drop `spyre` from the targets", k.op),
+            );
+            return;
+        }
         for (d, span) in &p.dtypes {
             if *d == DType::F32 {
                 self.errors.push(
@@ -117,10 +129,18 @@ impl Checker {
             if self.errors.is_empty() {
                 for &dtype in &k.dtypes {
                     if let Err(why) = spyre::lower::program(k, dtype) {
-                        self.errors.push(
-                            spec.name.span(),
-                            format!("no spyre program for {dtype}: {why}"),
-                        );
+                        // A tile that does not fit is the reduction dim's doing: point there.
+                        let span = match &why {
+                            spyre::lower::LowerError::Streamed { reduction, .. } => p
+                                .dims
+                                .iter()
+                                .flatten()
+                                .find(|d| d.name == reduction.name())
+                                .map_or(spec.name.span(), |d| d.name.span()),
+                            _ => spec.name.span(),
+                        };
+                        self.errors
+                            .push(span, format!("no spyre program for {dtype}: {why}"));
                         break;
                     }
                 }

@@ -47,7 +47,17 @@ pub(super) fn gate_up(
         .collect();
     // Streamed: gate and up tiles (double-buffered as a pair), one partial, g/u accumulators, a.
     let fixed = plan.next + 4 * STICK_BYTES;
-    let tile = tile_for(k, DimName::F, fc, fixed, 2 * widest * DL16 + 4 * F32 + F32)?;
+    let streamed = Streamed {
+        phase,
+        along: DimName::F,
+        reduction: DimName::H,
+        size: s.h,
+        widest,
+        blocks_shorten: true,
+        per_reduction: 2 * DL16,
+        per_column: 4 * F32 + F32,
+    };
+    let tile = tile_for(k, fc, fixed, &streamed)?;
     let (wg, wu) = (
         plan.buf("w_gate", widest * tile, true),
         plan.buf("w_up", widest * tile, true),
@@ -189,13 +199,18 @@ pub(super) fn down(k: &Kernel, s: &Sizes, phase: IrPhase, act: &str) -> Result<P
         .map(|(i, &(a, b))| plan.buf(&format!("a{i}"), b - a, true))
         .collect();
     let fixed = plan.next + 4 * STICK_BYTES;
-    let tile = tile_for(
-        k,
-        DimName::H,
-        cols.iter().map(|(a, b)| b - a).max().unwrap_or(0),
-        fixed,
-        widest * DL16 + 2 * F32,
-    )?;
+    let streamed = Streamed {
+        phase,
+        along: DimName::H,
+        reduction: DimName::F,
+        size: s.f,
+        widest,
+        blocks_shorten: true,
+        per_reduction: DL16,
+        per_column: 2 * F32,
+    };
+    let widest_cols = cols.iter().map(|(a, b)| b - a).max().unwrap_or(0);
+    let tile = tile_for(k, widest_cols, fixed, &streamed)?;
     let wt = plan.buf("w_down", widest * tile, true);
     let part = plan.buf("part", tile, false);
     let y = plan.buf("y", tile, false);

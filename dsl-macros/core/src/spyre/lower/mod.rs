@@ -14,7 +14,7 @@ mod plan;
 use gather::{down, gate_up};
 use moek_ir::spyre::*;
 use moek_ir::spyre::{LX_BUDGET, STICK_BYTES};
-use moek_ir::{Blocks, DType, Kernel, Op as IrOp, Phase as IrPhase, Selection};
+use moek_ir::{Blocks, DType, DimName, Kernel, Op as IrOp, Phase as IrPhase, Selection};
 use persistent::persistent;
 use plan::*;
 
@@ -29,6 +29,9 @@ pub enum LowerError {
     NotYet(String),
     /// The schedule cannot run on Spyre (a compile error on the spec).
     Refused(String),
+    /// No streamed weight tile fits LX: the rows along `reduction` are too long (a compile error
+    /// at that dim, saying what blocking fits).
+    Streamed { reduction: DimName, why: String },
 }
 
 impl std::fmt::Display for LowerError {
@@ -38,13 +41,28 @@ impl std::fmt::Display for LowerError {
                 f,
                 "the lowering of {m} is not written yet: drop `spyre` from the targets"
             ),
-            LowerError::Refused(m) => f.write_str(m),
+            LowerError::Refused(m) | LowerError::Streamed { why: m, .. } => f.write_str(m),
         }
     }
 }
 
+/// Whether a Spyre lowering of `op` under `select` exists (the others are refused by the
+/// rules, on the `spyre` target).
+pub fn lowered(op: IrOp, select: Selection) -> bool {
+    matches!(
+        (op, select),
+        (IrOp::GateUp | IrOp::Down, _) | (IrOp::ExpertFfn, Selection::Gather | Selection::Dense)
+    )
+}
+
 /// The program of `k` for `dtype` (the dtype only names the host type: both are DL16 on the device).
 pub fn program(k: &Kernel, dtype: DType) -> Result<Program, LowerError> {
+    if !lowered(k.op, k.schedule.select) {
+        return Err(LowerError::NotYet(format!(
+            "`{}` with `select: {}`",
+            k.op, k.schedule.select
+        )));
+    }
     let s = Sizes::of(k)?;
     let mut tensors = vec![];
     let mut add = |name: &str, role: Role, shape: Vec<usize>, elem_bytes: usize| {
@@ -108,11 +126,7 @@ pub fn program(k: &Kernel, dtype: DType) -> Result<Program, LowerError> {
             add("out", Role::Output, vec![s.t, s.h], F32);
             vec![persistent(k, &s)?]
         }
-        (op, select) => {
-            return Err(LowerError::NotYet(format!(
-                "`{op}` with `select: {select}`"
-            )));
-        }
+        _ => unreachable!("checked by `lowered`"),
     };
     let cores_used = phases.iter().map(|p| p.core_slice.len()).max().unwrap_or(0);
     Ok(Program {

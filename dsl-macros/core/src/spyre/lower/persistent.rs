@@ -96,13 +96,17 @@ pub(super) fn persistent(k: &Kernel, s: &Sizes) -> Result<Phase, LowerError> {
     let y = plan.buf("y", td * hd, false);
     let rw = plan.buf("routing", td * lanes, false);
     let fixed = plan.next + 8 * STICK_BYTES;
-    let tile = tile_for(
-        k,
-        DimName::F,
-        s.f,
-        fixed,
-        2 * hg * DL16 + 2 * tg * F32 + tg * DL16 + hd * DL16,
-    )?;
+    let streamed = Streamed {
+        phase: IrPhase::GateUp,
+        along: DimName::F,
+        reduction: DimName::H,
+        size: s.h,
+        widest: hg,
+        blocks_shorten: false,
+        per_reduction: 2 * DL16,
+        per_column: 2 * tg * F32 + tg * DL16 + hd * DL16,
+    };
+    let tile = tile_for(k, s.f, fixed, &streamed)?;
     let (wg, wu) = (
         plan.buf("w_gate", hg * tile, true),
         plan.buf("w_up", hg * tile, true),

@@ -177,23 +177,87 @@ impl Plan {
     }
 }
 
-/// The streaming tile along `dim`: the spec's `stream:` tile when it fixes one (refused when it
-/// does not fit), else the widest that fits.
+/// What one column of a streamed weight tile holds in LX, so a tile that cannot fit says which
+/// phase and reduction to cut, and by how much.
+pub(super) struct Streamed {
+    pub(super) phase: IrPhase,
+    /// The dim the tile advances along.
+    pub(super) along: DimName,
+    /// The dim each tile column's weight rows run along, its size, and its widest segment per
+    /// core (what blocking or a core split shortens).
+    pub(super) reduction: DimName,
+    pub(super) size: usize,
+    pub(super) widest: usize,
+    /// Whether `reduce:` blocks shorten the rows (else only a core split does).
+    pub(super) blocks_shorten: bool,
+    /// LX bytes per reduction element of one tile column (gate and up: two DL16 rows).
+    pub(super) per_reduction: usize,
+    /// Further LX bytes per tile column (accumulators, outputs).
+    pub(super) per_column: usize,
+}
+
+impl Streamed {
+    fn per_elem(&self) -> usize {
+        self.widest * self.per_reduction + self.per_column
+    }
+
+    /// Why no tile fits beside `fixed` resident bytes, and the blocking that would fit.
+    fn refusal(&self, k: &Kernel, fixed: usize) -> LowerError {
+        let stick = STICK_BYTES / DL16;
+        let (phase, cores) = match self.phase {
+            IrPhase::All => (format!("`{}`", k.op), "cores".to_string()),
+            p => (format!("the {p} phase"), format!("cores({p})")),
+        };
+        let r = self.reduction;
+        let room = LX_BUDGET.saturating_sub(fixed) / stick;
+        let most = room.saturating_sub(self.per_column) / self.per_reduction.max(1);
+        let mut msg = format!(
+            "{phase} streams weight tiles along `{}`, each column a `{r}` row of {}: one {stick}-column tile needs {} bytes of LX beside {fixed} resident, over the budget of {LX_BUDGET}",
+            self.along,
+            self.widest,
+            stick * self.per_elem(),
+        );
+        let fits = (2..=self.size)
+            .filter(|&c| self.size.is_multiple_of(c) && (self.size / c).is_multiple_of(stick))
+            .find(|c| self.size / c <= most);
+        match fits {
+            Some(c) if most >= stick && self.blocks_shorten => msg.push_str(&format!(
+                "; cut `{r}` to at most {most} per tile column: `reduce: {r} = {} x {c}`, or `{cores}: {r} = {c}`",
+                self.size / c
+            )),
+            Some(c) if most >= stick => msg.push_str(&format!(
+                "; cut `{r}` to at most {most} per core: split it {c} ways in `{cores}`"
+            )),
+            _ => msg.push_str(&format!(
+                "; `{r}` would need rows of at most {most}, and no whole-stick blocking of {} gives them: split the resident operands across more cores",
+                self.size
+            )),
+        }
+        LowerError::Streamed {
+            reduction: r,
+            why: msg,
+        }
+    }
+}
+
+/// The streaming tile: the spec's `stream:` tile when it fixes one (refused when it does not
+/// fit), else the widest that fits, up to `n`.
 pub(super) fn tile_for(
     k: &Kernel,
-    dim: DimName,
     n: usize,
     fixed: usize,
-    per_elem: usize,
+    what: &Streamed,
 ) -> Result<usize, LowerError> {
+    let dim = what.along;
     let Some(t) = k.schedule.stream.iter().find(|t| t.dim == dim) else {
-        return pick_tile(n, fixed, per_elem);
+        return pick_tile(k, n, fixed, what);
     };
     let tile = t.size.min(n);
-    let need = fixed + per_elem * tile;
+    let need = fixed + what.per_elem() * tile;
     if need > LX_BUDGET {
+        let fits = pick_tile(k, n, fixed, what)?;
         return Err(LowerError::Refused(format!(
-            "the stream tile {dim} = {} needs {need} bytes of LX per core; the budget is {LX_BUDGET}",
+            "the stream tile {dim} = {} needs {need} bytes of LX per core; the budget is {LX_BUDGET}: `stream: {dim} = {fits}` fits",
             t.size
         )));
     }
@@ -201,15 +265,12 @@ pub(super) fn tile_for(
 }
 
 /// The widest whole-stick tile of `n` elements whose `fixed + per_elem * tile` bytes fit LX.
-pub(super) fn pick_tile(n: usize, fixed: usize, per_elem: usize) -> Result<usize, LowerError> {
+fn pick_tile(k: &Kernel, n: usize, fixed: usize, what: &Streamed) -> Result<usize, LowerError> {
     let stick = STICK_BYTES / DL16;
-    let room = LX_BUDGET.saturating_sub(fixed) / per_elem.max(1);
+    let room = LX_BUDGET.saturating_sub(fixed) / what.per_elem().max(1);
     let tile = (room.min(n) / stick) * stick;
     if tile == 0 {
-        return Err(LowerError::Refused(format!(
-            "one {stick}-element tile of streamed weights needs {} bytes of LX beside {fixed} resident; the budget is {LX_BUDGET}",
-            stick * per_elem
-        )));
+        return Err(what.refusal(k, fixed));
     }
     Ok(tile.min(n))
 }
