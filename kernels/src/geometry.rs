@@ -1,4 +1,4 @@
-//! The Gemma-4 26B-A4B MoE geometry the optimised variants are fixed at, in one place for tests,
+//! The MoE geometries the optimised variants are fixed at (Gemma-4 26B-A4B, Qwen3-30B-A3B), in one place for tests,
 //! benches and `moek check`.
 
 use moek_ir::reference::Shape;
@@ -36,3 +36,18 @@ pub fn real_shape(k: &Kernel) -> Shape {
     }
     crate::testing::shape_for(k, &free)
 }
+
+/// Qwen3-30B-A3B's MoE: one decoded token and its eight routes over 128 experts of width 768.
+pub const QWEN3_DECODE: Shape = Shape {
+    t: 1,
+    r: 8,
+    e: 128,
+    h: 2048,
+    f: 768,
+    v: 0,
+};
+/// A 512-token prompt at Qwen3-30B-A3B's MoE.
+pub const QWEN3_PREFILL: Shape = Shape {
+    t: 512,
+    ..QWEN3_DECODE
+};

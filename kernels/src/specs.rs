@@ -1,5 +1,5 @@
-//! The built-in specs: the optimised decode and prefill variants at the 26B-A4B geometry, and the
-//! general variants that serve any size and dtype. Each reads like a schedule card; docs/dsl.md
+//! The built-in specs: the optimised decode and prefill variants at the 26B-A4B and Qwen3-30B-A3B
+//! geometries, and the general variants that serve any size and dtype. Each reads like a schedule card; docs/dsl.md
 //! documents every key. [`all`] lists them for dispatch and tools, in declaration order.
 
 use crate::kernel;
@@ -138,6 +138,45 @@ kernel! {
         select:  grouped E by R;
     }
 
+    /// Qwen3-30B-A3B decode (H 2048, F 768, 128 SiLU experts, top-8): H in four 512-term
+    /// blocks, down in two 1024-column halves, eight route owners in both phases.
+    pub qwen3_decode_expert_ffn_blocked = expert_ffn {
+        dims:            T = 1, R = 8, E = 128, H = 2048, F = 768;
+        dtypes:          f16, bf16;
+        targets:         cpu, wgpu, spyre;
+        activation:      silu;
+        select:          gather E by R;
+        reduce:          H = 512 x 4;
+        columns:         H = [1024, 1024];
+        cores(gate_up):  R = 8;
+        cores(down):     R = 8;
+        requires:        indexed_selection_layout;
+    }
+
+    /// Qwen3-30B-A3B prefill on Spyre's schedule: all 128 experts densely over 512 tokens in one
+    /// persistent loop, the Gemma-4 prefill's cuts at this geometry.
+    pub qwen3_prefill_expert_ffn_persistent = expert_ffn {
+        dims:            T = 512, R = 8, E = 128, H = 2048, F = 768;
+        dtypes:          f16, bf16;
+        targets:         cpu, wgpu, spyre;
+        activation:      silu;
+        select:          dense E;
+        loop:            E persistent;
+        groups:          T = 32;
+        cores(gate_up):  T x H = 8 x 4;
+        cores(down):     T x H = 16 x 2;
+        requires:        lx_completed_sum;
+    }
+
+    /// Qwen3-30B-A3B prefill on a CPU: tokens grouped by expert, one GEMM pair per expert bank.
+    pub qwen3_prefill_expert_ffn_grouped = expert_ffn {
+        dims:       T = 2.., R = 8, E = 128, H = 2048, F = 768;
+        dtypes:     f16, bf16, f32;
+        targets:    cpu;
+        activation: silu;
+        select:     grouped E by R;
+    }
+
     /// General decode fallback: gathered routes, unblocked, any size and dtype; routes are the
     /// work units (eight of them: fewer routes leave units empty).
     pub general_expert_ffn_gather = expert_ffn {
@@ -254,6 +293,9 @@ pub fn all() -> &'static [KernelEntry] {
             prefill_expert_ffn_persistent::entry(),
             decode_expert_ffn_ordinary::entry(),
             prefill_expert_ffn_grouped::entry(),
+            qwen3_decode_expert_ffn_blocked::entry(),
+            qwen3_prefill_expert_ffn_persistent::entry(),
+            qwen3_prefill_expert_ffn_grouped::entry(),
             general_expert_ffn_gather::entry(),
             general_expert_ffn_grouped::entry(),
             general_expert_ffn_gather_silu::entry(),

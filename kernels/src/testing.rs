@@ -39,6 +39,12 @@ pub const SAMPLE_ROWS: usize = 6;
 /// figures, if any run is outside the tolerance or leaves an element unwritten.
 pub fn check_spec(entry: &KernelEntry, target: Target, dtype: DType) {
     let k = entry.ir();
+    if cfg!(moek_unoptimised) {
+        eprintln!(
+            "{}: built unoptimised, so this test runs 10-30x slower; add `[profile.test] opt-level = 3` to the workspace's Cargo.toml",
+            k.name
+        );
+    }
     let mut shapes = vec![shape_for(k, &SMALL)];
     if k.dim(DimName::T)
         .is_some_and(|d| d.size.is_none() && d.admits(1))
@@ -55,7 +61,7 @@ pub fn check_spec(entry: &KernelEntry, target: Target, dtype: DType) {
             );
             cut
         });
-        let seeds = fresh_seeds(3);
+        let seeds = fresh_seeds(seeds_within_budget(k, &shape));
         for report in run_seeds(entry, target, dtype, &shape, &seeds) {
             assert!(
                 report.passed(),
@@ -64,6 +70,48 @@ pub fn check_spec(entry: &KernelEntry, target: Target, dtype: DType) {
             );
         }
     }
+}
+
+/// Seeds a generated test runs per shape.
+pub const SEEDS: usize = 3;
+
+/// Multiply-adds a generated test may spend per seed before it runs one seed instead of
+/// [`SEEDS`]: about seven seconds of the Spyre simulator on two cores. A dense persistent prefill
+/// over 128 experts and 512 tokens is 3.9e11 (26 s a seed there); decode and the free-dim sizes
+/// are far below it. `MOEK_FULL_TESTS=1` runs every seed regardless.
+pub const MACS_PER_SEED_BUDGET: f64 = 1e11;
+
+/// Multiply-adds the variant of `k` performs at `shape`: a dense selection computes every
+/// expert for every token.
+pub fn macs(k: &Kernel, s: &Shape) -> f64 {
+    let (t, h, f, v) = (s.t as f64, s.h as f64, s.f as f64, s.v as f64);
+    let per_token = if k.schedule.select == moek_ir::Selection::Dense {
+        s.e as f64
+    } else {
+        s.r as f64
+    };
+    match k.op {
+        Op::GateUp => t * per_token * 2.0 * f * h,
+        Op::Down => t * per_token * h * f,
+        Op::ExpertFfn => t * per_token * 3.0 * f * h,
+        Op::DenseMlp => t * 3.0 * f * h,
+        Op::LmHeadRow => v * h,
+    }
+}
+
+/// [`SEEDS`], or one where a seed costs more than [`MACS_PER_SEED_BUDGET`] (said on stderr),
+/// unless `MOEK_FULL_TESTS=1`.
+pub fn seeds_within_budget(k: &Kernel, shape: &Shape) -> usize {
+    let cost = macs(k, shape);
+    let full = std::env::var("MOEK_FULL_TESTS").is_ok_and(|v| v == "1");
+    if cost <= MACS_PER_SEED_BUDGET || full {
+        return SEEDS;
+    }
+    eprintln!(
+        "{}: one seed of {SEEDS} ({cost:.1e} multiply-adds a seed, over the budget of {MACS_PER_SEED_BUDGET:.0e}); MOEK_FULL_TESTS=1 runs all",
+        k.name
+    );
+    1
 }
 
 /// The smaller problem a wgpu run of `shape` takes on a CPU driver (Mesa's lavapipe or

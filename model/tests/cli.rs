@@ -368,12 +368,13 @@ fn model_errors_are_clear() {
     );
 }
 
-#[test]
-fn the_model_bench_prints_the_fields_scripts_check() {
+/// `moek bench --geometry GEOMETRY --layers 1` as JSON, with every field scripts check present
+/// and sane; `traced` are the kernel kinds a decode step must have spent time in.
+fn model_bench(geometry: &str, traced: &[&str]) -> serde_json::Value {
     let (ok, out, err) = moek(&[
         "bench",
         "--geometry",
-        "26b-a4b",
+        geometry,
         "--layers",
         "1",
         "--iters",
@@ -383,6 +384,7 @@ fn the_model_bench_prints_the_fields_scripts_check() {
     ]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+    assert_eq!(v["geometry"], geometry);
     for key in [
         "decode_tokens_per_s",
         "prefill_tokens_per_s",
@@ -403,13 +405,14 @@ fn the_model_bench_prints_the_fields_scripts_check() {
             .unwrap_or_else(|| panic!("`{key}` in {out}"));
         assert!(x.is_finite() && x > 0.0, "{key} = {x}");
     }
-    // The step's parts: three traced kernel kinds, each a positive time, and the rest.
+    // The step's parts: the traced kernel kinds, each a positive time, and the rest.
     let parts = &v["decode_step_ms"];
     for key in ["lm_head", "moe", "dense_mlp"] {
         let x = parts[key]
             .as_f64()
             .unwrap_or_else(|| panic!("`{key}` in {parts}"));
-        assert!(x.is_finite() && x > 0.0, "{key} = {x}");
+        assert!(x.is_finite() && x >= 0.0, "{key} = {x}");
+        assert_eq!(x > 0.0, traced.contains(&key), "{key} = {x}");
     }
     assert!(
         parts["rest"].as_f64().is_some_and(f64::is_finite),
@@ -429,6 +432,19 @@ fn the_model_bench_prints_the_fields_scripts_check() {
         range.len() == 2 && range[0] <= median && median <= range[1],
         "{range:?} around {median}"
     );
+    v
+}
+
+#[test]
+fn the_model_bench_prints_the_fields_scripts_check() {
+    model_bench("26b-a4b", &["lm_head", "moe", "dense_mlp"]);
+}
+
+#[test]
+fn the_qwen3_bench_prints_the_same_fields() {
+    // Qwen3-30B-A3B has no dense MLP beside its experts.
+    let v = model_bench("qwen3-30b-a3b", &["lm_head", "moe"]);
+    assert!(v["weights_bytes"].as_f64().unwrap() > 2e9, "{v}");
 }
 
 #[test]

@@ -506,3 +506,26 @@ fn an_activations_parameters_are_part_of_what_is_asked_for() {
         "{msg}"
     );
 }
+
+#[test]
+fn qwen3_30b_a3b_takes_its_own_blocked_and_grouped_variants() {
+    use moek_kernels::geometry::{QWEN3_DECODE, QWEN3_PREFILL};
+    let silu = dispatch::Task {
+        op: Op::ExpertFfn,
+        activation: Activation::Silu,
+    };
+    let pick = |shape| {
+        dispatch::choose(
+            specs::all(),
+            &Backend::cpu(),
+            silu,
+            DType::Bf16,
+            shape,
+            None,
+        )
+        .expect("a SiLU variant serves Qwen3-30B-A3B")
+        .kernel
+    };
+    assert_eq!(pick(&QWEN3_DECODE), "qwen3_decode_expert_ffn_blocked");
+    assert_eq!(pick(&QWEN3_PREFILL), "qwen3_prefill_expert_ffn_grouped");
+}

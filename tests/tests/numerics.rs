@@ -273,3 +273,20 @@ fn the_tight_swiglu_cases_cross_the_clamp() {
         "the clamp changes the reference by only {rel:e}"
     );
 }
+
+/// The generated tests' cost budget: a dense persistent prefill over 128 experts and 512 tokens
+/// runs one seed, decode runs all three.
+#[test]
+fn the_cost_budget_cuts_seeds_only_where_a_seed_is_dear() {
+    use moek_kernels::testing::{SEEDS, macs, seeds_within_budget};
+    let prefill = prefill_expert_ffn_persistent::entry();
+    let shape = moek_kernels::geometry::PREFILL;
+    assert!(macs(prefill.ir(), &shape) > 3e11);
+    let full = std::env::var("MOEK_FULL_TESTS").is_ok_and(|v| v == "1");
+    assert_eq!(
+        seeds_within_budget(prefill.ir(), &shape),
+        if full { SEEDS } else { 1 }
+    );
+    let decode = decode_expert_ffn_blocked::entry();
+    assert_eq!(seeds_within_budget(decode.ir(), &DECODE), SEEDS);
+}

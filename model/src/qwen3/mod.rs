@@ -4,5 +4,6 @@
 //! kernels through dispatch, with SiLU.
 
 pub mod config;
+pub mod geometry;
 pub mod model;
 pub mod weights;

@@ -70,6 +70,20 @@ impl<W: Clone> Weights<'_, W> {
     pub fn head(&self) -> &[W] {
         self.lm_head.as_deref().unwrap_or(&self.embed_tokens)
     }
+
+    /// Bytes of every matrix (norms aside).
+    pub fn bytes(&self) -> usize {
+        let mut n = self.embed_tokens.len() + self.lm_head.as_ref().map_or(0, |m| m.len());
+        for l in &self.layers {
+            let a = &l.self_attn;
+            n += a.q_proj.len() + a.k_proj.len() + a.v_proj.len() + a.o_proj.len();
+            n += match &l.mlp {
+                Feedforward::Sparse(m) => m.gate.len() + m.gate_up_proj.len() + m.down_proj.len(),
+                Feedforward::Dense(m) => m.gate_proj.len() + m.up_proj.len() + m.down_proj.len(),
+            };
+        }
+        n * size_of::<W>()
+    }
 }
 
 fn key(s: &str) -> Vec<String> {

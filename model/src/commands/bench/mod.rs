@@ -35,8 +35,12 @@ pub struct BenchArgs {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Geometry {
+    /// Gemma-4 26B-A4B.
     #[value(name = "26b-a4b")]
     Gemma4_26bA4b,
+    /// Qwen3-30B-A3B (H 2048, 128 experts of width 768, top-8; untied 151936-row head).
+    #[value(name = "qwen3-30b-a3b")]
+    Qwen3_30bA3b,
 }
 
 pub fn run(args: &BenchArgs) -> Result<ExitCode, CommandError> {

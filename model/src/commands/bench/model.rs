@@ -1,10 +1,10 @@
-//! `moek bench --geometry 26b-a4b --layers N`: the whole model at the real layer geometry with
+//! `moek bench --geometry 26b-a4b|qwen3-30b-a3b --layers N`: the whole model at a real layer geometry with
 //! random bf16 weights built in memory (or written to a file and loaded back: `--from-file`):
 //! prefill of a 512-token prompt and decode steps, tokens/s, the MoE block's share, bytes read
 //! per decode step against the read bandwidth probed before each step, and peak memory against
 //! the weights' bytes.
 
-use super::BenchArgs;
+use super::{BenchArgs, Geometry};
 use crate::checkpoint::{Checkpoint, LoadError};
 use crate::commands::CommandError;
 use crate::commands::figures::{Format, SAMPLE_PROBE_BYTES, median, median_ratio, print_json};
@@ -144,7 +144,7 @@ fn seconds_of(trace: &[Trace], what: &str) -> f64 {
         .iter()
         .filter(|t| t.what == what)
         .map(|t| t.seconds)
-        .sum()
+        .fold(0.0, |a, b| a + b) // not `sum`, which is -0.0 for no records
 }
 
 /// The bench's random weights written to a fresh safetensors file and mapped back. The file is
@@ -167,21 +167,64 @@ fn written(cfg: &crate::gemma4::config::Config) -> Result<Checkpoint, CommandErr
 const PARTS: [&str; 3] = ["lm_head", "moe", "dense_mlp"];
 
 pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandError> {
-    let backend = args.backend;
-    let cfg = crate::gemma4::tiny::gemma4_26b(layers);
-    let ck;
-    let weights = match args.from_file {
-        None => crate::gemma4::tiny::weights::<bf16>(&cfg),
-        Some(residence) => {
-            ck = written(&cfg)?;
-            crate::gemma4::weights::load::<bf16>(&ck, &cfg, residence, |_| {})?
+    const PROMPT: usize = 512;
+    match args.geometry.unwrap_or(Geometry::Gemma4_26bA4b) {
+        Geometry::Gemma4_26bA4b => {
+            let cfg = crate::gemma4::tiny::gemma4_26b(layers);
+            let ck;
+            let weights = match args.from_file {
+                None => crate::gemma4::tiny::weights::<bf16>(&cfg),
+                Some(residence) => {
+                    ck = written(&cfg)?;
+                    crate::gemma4::weights::load::<bf16>(&ck, &cfg, residence, |_| {})?
+                }
+            };
+            let weights_bytes = weights.bytes() as u64;
+            let work = Work::gemma4(&cfg, PROMPT);
+            let vocab = cfg.vocab;
+            let model = Model::new(cfg, weights, args.backend.backend(), None);
+            timed(args, "26b-a4b", layers, &model, vocab, weights_bytes, work)
         }
-    };
-    let weights_bytes = weights.bytes() as u64;
-    let model = Model::new(cfg, weights, backend.backend(), None);
-    let cfg = &model.cfg;
+        Geometry::Qwen3_30bA3b => {
+            if args.from_file.is_some() {
+                return Err(CommandError::Usage(
+                    "`--from-file` writes and loads the 26b-a4b geometry's checkpoint;                      qwen3-30b-a3b is built in memory only"
+                        .into(),
+                ));
+            }
+            let cfg = crate::qwen3::geometry::qwen3_30b_a3b(layers);
+            let weights = crate::qwen3::geometry::weights::<bf16>(&cfg);
+            let weights_bytes = weights.bytes() as u64;
+            let work = Work::qwen3(&cfg, PROMPT);
+            let vocab = cfg.vocab;
+            let model = crate::qwen3::model::Model::new(cfg, weights, args.backend.backend(), None);
+            timed(
+                args,
+                "qwen3-30b-a3b",
+                layers,
+                &model,
+                vocab,
+                weights_bytes,
+                work,
+            )
+        }
+    }
+}
+
+/// Times prefills of a 512-token prompt and decode steps of `model`, each step against the
+/// read bandwidth probed just before it.
+fn timed(
+    args: &BenchArgs,
+    geometry: &str,
+    layers: usize,
+    model: &impl CausalLm,
+    vocab: usize,
+    weights_bytes: u64,
+    work: Work,
+) -> Result<ModelFigures, CommandError> {
+    let backend = args.backend;
     let prompt: Vec<u32> = (0..512u32)
-        .map(|i| (i * 7919 + 13) % cfg.vocab as u32)
+        .map(|i| (i * 7919 + 13) % vocab as u32)
         .collect();
     // Prefill: a fresh cache each run; the last run's cache goes on to decode.
     const PREFILL_RUNS: usize = 3;
@@ -223,7 +266,6 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
     }
 
     drop(probe);
-    let work = Work::of(cfg, prompt.len());
     let decode_bandwidth_ratio = median_ratio(work.decode_bytes, &bandwidth, &samples);
     let [_, moe_times, _] = &parts;
     let moe_decode_bandwidth_ratio =
@@ -245,7 +287,7 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
     let isa = moek_cpu::isa();
     let threads = rayon::current_num_threads();
     Ok(ModelFigures {
-        geometry: "26b-a4b".into(),
+        geometry: geometry.into(),
         layers,
         backend: format!("{backend:?}").to_lowercase(),
         weights: args
@@ -293,7 +335,7 @@ impl Work {
     /// the eight selected experts (the KV cache is small beside them at this length). Per
     /// prefill of `s` tokens: two FLOPs per multiply-add of every matrix product, attention over
     /// the visible keys, and the LM head on the final row.
-    fn of(cfg: &crate::gemma4::config::Config, s: usize) -> Work {
+    fn gemma4(cfg: &crate::gemma4::config::Config, s: usize) -> Work {
         let (h, e, st) = (cfg.hidden as f64, 2.0, s as f64);
         let mut decode_macs = cfg.vocab as f64 * h;
         let mut prefill_flops = 2.0 * cfg.vocab as f64 * h;
@@ -323,6 +365,28 @@ impl Work {
             prefill_flops,
             decode_bytes: decode_macs * e,
             moe_decode_bytes: moe_decode,
+        }
+    }
+}
+
+impl Work {
+    /// As [`Work::gemma4`] for Qwen3-MoE: per layer GQA attention (q and o of all heads, k and v
+    /// of the KV heads), the router and the top-k experts; causal attention over every key.
+    fn qwen3(cfg: &crate::qwen3::config::Config, s: usize) -> Work {
+        let (h, e, st) = (cfg.hidden as f64, 2.0, s as f64);
+        let (d, kv, nh) = (cfg.head_dim as f64, cfg.kv_heads as f64, cfg.heads as f64);
+        let m = cfg.moe;
+        let attention = 2.0 * nh * d * h + 2.0 * kv * d * h;
+        let experts = (m.top_k * 3 * m.intermediate) as f64 * h;
+        let router = m.experts as f64 * h;
+        let layers = cfg.layers.len() as f64;
+        let visible: f64 = (0..s).map(|i| (i + 1) as f64).sum();
+        let head = cfg.vocab as f64 * h;
+        Work {
+            prefill_flops: 2.0 * head
+                + layers * (2.0 * st * (attention + experts + router) + 4.0 * nh * d * visible),
+            decode_bytes: (head + layers * (attention + experts + router)) * e,
+            moe_decode_bytes: experts * e,
         }
     }
 }
