@@ -24,6 +24,38 @@ pub struct Kernel {
     /// JSON when it is the default, so specs that do not name one serialise as before.
     #[serde(default, skip_serializing_if = "Activation::is_default")]
     pub activation: Activation,
+    /// Per-expert biases the experts add (gpt-oss's); none by default, and then left out of the
+    /// JSON.
+    #[serde(default, skip_serializing_if = "Bias::is_none")]
+    pub bias: Bias,
+}
+
+/// Which per-expert biases a routed expert FFN adds: `gate_up_bias [E, 2F]` (gate first) to the
+/// gate/up products before the activation, `down_bias [E, H]` to each route's down product
+/// before the route weight scales it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bias {
+    pub gate_up: bool,
+    pub down: bool,
+}
+
+impl Bias {
+    pub fn is_none(&self) -> bool {
+        !self.gate_up && !self.down
+    }
+}
+
+impl fmt::Display for Bias {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<&str> = [(self.gate_up, "gate_up"), (self.down, "down")]
+            .into_iter()
+            .filter_map(|(on, name)| on.then_some(name))
+            .collect();
+        match parts.is_empty() {
+            true => f.write_str("no biases"),
+            false => write!(f, "biases on {}", parts.join(" and ")),
+        }
+    }
 }
 
 /// The activation of a gated pair, `gated(x . Wg, x . Wu)`: `act(g) * u` for the one-argument
@@ -326,6 +358,9 @@ impl Kernel {
         let mut parts = vec![format!("select {}", s.select)];
         if self.activation != Activation::default() {
             parts.insert(0, format!("activation {}", self.activation));
+        }
+        if !self.bias.is_none() {
+            parts.push(self.bias.to_string());
         }
         for b in &s.reduce {
             parts.push(format!("reduce {}", b));

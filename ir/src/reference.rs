@@ -99,29 +99,65 @@ impl Shape {
     }
 }
 
-/// `gated(x . Wg[e], x . Wu[e])` for one token; `gate_up` is `[E, 2F, H]`, gate rows first.
+/// The per-expert biases of a routed expert FFN, if it has them (`Kernel::bias`):
+/// `gate_up [E, 2F]` (gate first) and `down [E, H]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Biases<'a, W> {
+    pub gate_up: Option<&'a [W]>,
+    pub down: Option<&'a [W]>,
+}
+
+impl<W> Default for Biases<'_, W> {
+    fn default() -> Self {
+        Biases {
+            gate_up: None,
+            down: None,
+        }
+    }
+}
+
+impl<W> Biases<'_, W> {
+    /// Which biases are present.
+    pub fn kinds(&self) -> crate::Bias {
+        crate::Bias {
+            gate_up: self.gate_up.is_some(),
+            down: self.down.is_some(),
+        }
+    }
+}
+
+/// `gated(x . Wg[e] + bg[e], x . Wu[e] + bu[e])` for one token; `gate_up` is `[E, 2F, H]`, gate
+/// rows first; the bias, if any, `[E, 2F]`.
 pub fn expert_gate_up<W: Real>(
     s: &Shape,
     act: Activation,
     x: &[W],
     gate_up: &[W],
+    bias: Option<&[W]>,
     e: usize,
 ) -> Vec<f64> {
     let bank = &gate_up[e * 2 * s.f * s.h..(e + 1) * 2 * s.f * s.h];
+    let b = |j: usize| bias.map_or(0.0, |b| b[e * 2 * s.f + j].f64());
     (0..s.f)
         .map(|j| {
-            let g = dot(x, &bank[j * s.h..(j + 1) * s.h]);
-            let u = dot(x, &bank[(s.f + j) * s.h..(s.f + j + 1) * s.h]);
+            let g = dot(x, &bank[j * s.h..(j + 1) * s.h]) + b(j);
+            let u = dot(x, &bank[(s.f + j) * s.h..(s.f + j + 1) * s.h]) + b(s.f + j);
             gated(act, g, u)
         })
         .collect()
 }
 
-/// `a . Wd[e]` for one activation row; `down` is `[E, H, F]`.
-pub fn expert_down<W: Real, A: Real>(s: &Shape, a: &[A], down: &[W], e: usize) -> Vec<f64> {
+/// `a . Wd[e] + bd[e]` for one activation row; `down` is `[E, H, F]`; the bias, if any, `[E, H]`.
+pub fn expert_down<W: Real, A: Real>(
+    s: &Shape,
+    a: &[A],
+    down: &[W],
+    bias: Option<&[W]>,
+    e: usize,
+) -> Vec<f64> {
     let bank = &down[e * s.h * s.f..(e + 1) * s.h * s.f];
     (0..s.h)
-        .map(|i| dot(a, &bank[i * s.f..(i + 1) * s.f]))
+        .map(|i| dot(a, &bank[i * s.f..(i + 1) * s.f]) + bias.map_or(0.0, |b| b[e * s.h + i].f64()))
         .collect()
 }
 
@@ -136,7 +172,7 @@ pub fn gate_up<W: Real>(
 ) -> Vec<f64> {
     let xt = &x[t * s.h..(t + 1) * s.h];
     (0..s.r)
-        .flat_map(|r| expert_gate_up(s, act, xt, gate_up, idx[t * s.r + r] as usize))
+        .flat_map(|r| expert_gate_up(s, act, xt, gate_up, None, idx[t * s.r + r] as usize))
         .collect()
 }
 
@@ -152,14 +188,14 @@ pub fn down<W: Real>(
     let mut out = vec![0.0; s.h];
     for r in 0..s.r {
         let a = &act[(t * s.r + r) * s.f..(t * s.r + r + 1) * s.f];
-        let y = expert_down(s, a, down, idx[t * s.r + r] as usize);
+        let y = expert_down(s, a, down, None, idx[t * s.r + r] as usize);
         let w = f64::from(weights[t * s.r + r]);
         out.iter_mut().zip(y).for_each(|(o, y)| *o += w * y);
     }
     out
 }
 
-/// The routed expert FFN for token `t`, `[H]`.
+/// The routed expert FFN for token `t`, `[H]`, with the experts' biases if any.
 pub fn expert_ffn<W: Real>(
     s: &Shape,
     act: Activation,
@@ -168,14 +204,15 @@ pub fn expert_ffn<W: Real>(
     weights: &[f32],
     gate_up: &[W],
     down: &[W],
+    bias: Biases<'_, W>,
     t: usize,
 ) -> Vec<f64> {
     let xt = &x[t * s.h..(t + 1) * s.h];
     let mut out = vec![0.0; s.h];
     for r in 0..s.r {
         let e = idx[t * s.r + r] as usize;
-        let a = expert_gate_up(s, act, xt, gate_up, e);
-        let y = expert_down(s, &a, down, e);
+        let a = expert_gate_up(s, act, xt, gate_up, bias.gate_up, e);
+        let y = expert_down(s, &a, down, bias.down, e);
         let w = f64::from(weights[t * s.r + r]);
         out.iter_mut().zip(y).for_each(|(o, y)| *o += w * y);
     }

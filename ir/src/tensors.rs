@@ -95,6 +95,9 @@ const ACT: TensorDef = TensorDef::new("act", Input, F32, &[D(T), D(R), D(F)]);
 const DENSE_GATE: TensorDef = TensorDef::new("gate", Weight, W, &[D(F), D(H)]);
 const DENSE_UP: TensorDef = TensorDef::new("up", Weight, W, &[D(F), D(H)]);
 const DENSE_DOWN: TensorDef = TensorDef::new("down", Weight, W, &[D(H), D(F)]);
+/// The optional per-expert biases (`Kernel::bias`).
+pub const GATE_UP_BIAS: TensorDef = TensorDef::new("gate_up_bias", Weight, W, &[D(E), Twice(F)]);
+pub const DOWN_BIAS: TensorDef = TensorDef::new("down_bias", Weight, W, &[D(E), D(H)]);
 const HIDDEN: TensorDef = TensorDef::new("hidden", Input, A, &[D(T), D(H)]);
 const EMB: TensorDef = TensorDef::new("emb", Weight, W, &[D(V), D(H)]);
 
@@ -118,6 +121,19 @@ impl Op {
             Op::LmHeadRow => &[D(V)],
             Op::Down | Op::ExpertFfn | Op::DenseMlp => &[D(T), D(H)],
         }
+    }
+
+    /// The op's tensors with the biases `bias` adds after them, in the order every backend
+    /// binds them.
+    pub fn tensors_with(self, bias: crate::Bias) -> Vec<&'static TensorDef> {
+        let mut all: Vec<&'static TensorDef> = self.tensors().iter().collect();
+        if bias.gate_up {
+            all.push(&GATE_UP_BIAS);
+        }
+        if bias.down {
+            all.push(&DOWN_BIAS);
+        }
+        all
     }
 
     /// The op's tensor named `name`.

@@ -311,6 +311,14 @@ pub fn run<W: Elem>(
     inputs: &Inputs<'_, W>,
     out: &mut [f32],
 ) -> Result<Ran, String> {
+    // A spec computes its biases or none: inputs with other biases are another function.
+    let (spec, given) = (entry.ir().bias, inputs.bias());
+    if spec != given {
+        return Err(format!(
+            "`{}` adds {spec}, but the inputs carry {given}",
+            entry.name()
+        ));
+    }
     match backend.target {
         Target::Cpu => Cpu::run(backend, entry, shape, inputs, out),
         Target::Spyre => Spyre::run(backend, entry, shape, inputs, out),

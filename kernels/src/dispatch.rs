@@ -10,7 +10,7 @@ use crate::elem::Elem;
 use crate::inputs::{InputError, Inputs};
 use crate::registry::KernelEntry;
 use moek_ir::reference::Shape;
-use moek_ir::{Activation, Capability, DType, Kernel, Op, Target};
+use moek_ir::{Activation, Bias, Capability, DType, Kernel, Op, Target};
 use std::fmt;
 use thiserror::Error;
 
@@ -95,6 +95,8 @@ pub enum Ineligible {
         wanted: Op,
         wanted_act: Activation,
     },
+    #[error("adds {spec}, not {wanted}")]
+    Bias { spec: Bias, wanted: Bias },
     #[error("does not target {target}")]
     Target { target: Target },
     #[error("needs the `{target}` backend, which this build lacks (cargo feature `{target}`)")]
@@ -172,6 +174,8 @@ pub enum DispatchError {
 pub struct Task {
     pub op: Op,
     pub activation: Activation,
+    /// The experts' biases (none by default): a spec serves only the biases it declares.
+    pub bias: Bias,
 }
 
 impl From<Op> for Task {
@@ -179,6 +183,7 @@ impl From<Op> for Task {
         Task {
             op,
             activation: Activation::default(),
+            bias: Bias::default(),
         }
     }
 }
@@ -192,7 +197,11 @@ pub fn eligible(
     shape: &Shape,
 ) -> Result<(), Ineligible> {
     let k = entry.ir();
-    let Task { op, activation } = task.into();
+    let Task {
+        op,
+        activation,
+        bias,
+    } = task.into();
     if k.op != op {
         return Err(Ineligible::Op {
             spec: k.op,
@@ -204,6 +213,12 @@ pub fn eligible(
             spec: k.activation,
             wanted: op,
             wanted_act: activation,
+        });
+    }
+    if k.bias != bias {
+        return Err(Ineligible::Bias {
+            spec: k.bias,
+            wanted: bias,
         });
     }
     if !k.targets.contains(&backend.target) {
@@ -379,7 +394,10 @@ pub fn run<W: Elem>(
     out: &mut [f32],
     requested: Option<&str>,
 ) -> Result<(Choice, backend::Ran), DispatchError> {
-    let task = Task::from(inputs.op());
+    let task = Task {
+        bias: inputs.bias(),
+        ..Task::from(inputs.op())
+    };
     run_task(entries, backend, task, shape, inputs, out, requested)
 }
 
@@ -394,6 +412,11 @@ pub fn run_task<W: Elem>(
     requested: Option<&str>,
 ) -> Result<(Choice, backend::Ran), DispatchError> {
     assert_eq!(task.op, inputs.op(), "a task runs on its own op's inputs");
+    assert_eq!(
+        task.bias,
+        inputs.bias(),
+        "a task names the biases its inputs carry"
+    );
     let choice = choose(entries, backend, task, W::DTYPE, shape, requested)?;
     inputs.validate(shape, out.len())?;
     let entry = entries

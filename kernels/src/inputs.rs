@@ -2,9 +2,11 @@
 //! each tensor is (name, shape, element class) is the op table, [`moek_ir::tensors`]; this
 //! module binds host slices to it.
 
-use moek_ir::Op;
+use moek_ir::reference::Biases;
 use moek_ir::reference::Shape;
 use moek_ir::tensors::ElemClass;
+use moek_ir::tensors::TensorDef;
+use moek_ir::{Bias, Op};
 use thiserror::Error;
 
 /// An op's inputs, row-major, in the checkpoint's own layouts: weights in `W`, activations in
@@ -25,13 +27,16 @@ pub enum Inputs<'a, W, A = W> {
         weights: &'a [f32],
         down: &'a [W],
     },
-    /// `x [T, H]`, `idx [T, R]`, `weights [T, R]`, `gate_up [E, 2F, H]`, `down [E, H, F]`.
+    /// `x [T, H]`, `idx [T, R]`, `weights [T, R]`, `gate_up [E, 2F, H]`, `down [E, H, F]`, and
+    /// the experts' biases if they have them (only a spec that declares the same biases runs
+    /// them).
     ExpertFfn {
         x: &'a [A],
         idx: &'a [u32],
         weights: &'a [f32],
         gate_up: &'a [W],
         down: &'a [W],
+        bias: Biases<'a, W>,
     },
     /// `x [T, H]`, `gate [F, H]`, `up [F, H]`, `down [H, F]`.
     DenseMlp {
@@ -131,7 +136,20 @@ impl<'a, W: bytemuck::Pod, A: bytemuck::Pod> Inputs<'a, W, A> {
         }
     }
 
-    /// The op's tensors in the order of its table ([`Op::tensors`]).
+    /// The biases these inputs carry (none but for a biased expert FFN).
+    pub fn bias(&self) -> Bias {
+        match self {
+            Inputs::ExpertFfn { bias, .. } => bias.kinds(),
+            _ => Bias::default(),
+        }
+    }
+
+    /// The tensors bound, as the op table defines them ([`Op::tensors_with`] the biases).
+    pub fn defs(&self) -> Vec<&'static TensorDef> {
+        self.op().tensors_with(self.bias())
+    }
+
+    /// The tensors in the order of [`Inputs::defs`].
     pub fn bound(&self) -> Vec<Bound<'a, W, A>> {
         use Bound::{Act, F32, Index, Weight};
         match *self {
@@ -148,13 +166,19 @@ impl<'a, W: bytemuck::Pod, A: bytemuck::Pod> Inputs<'a, W, A> {
                 weights,
                 gate_up,
                 down,
-            } => vec![
-                Act(x),
-                Index(idx),
-                F32(weights),
-                Weight(gate_up),
-                Weight(down),
-            ],
+                bias,
+            } => {
+                let mut all = vec![
+                    Act(x),
+                    Index(idx),
+                    F32(weights),
+                    Weight(gate_up),
+                    Weight(down),
+                ];
+                all.extend(bias.gate_up.map(Weight));
+                all.extend(bias.down.map(Weight));
+                all
+            }
             Inputs::DenseMlp { x, gate, up, down } => {
                 vec![Act(x), Weight(gate), Weight(up), Weight(down)]
             }
@@ -164,7 +188,7 @@ impl<'a, W: bytemuck::Pod, A: bytemuck::Pod> Inputs<'a, W, A> {
 
     /// The tensor the op's table names `name`, if the op has one.
     pub fn named(&self, name: &str) -> Option<Bound<'a, W, A>> {
-        let i = self.op().tensors().iter().position(|t| t.name == name)?;
+        let i = self.defs().iter().position(|t| t.name == name)?;
         Some(self.bound()[i])
     }
 
@@ -181,7 +205,7 @@ impl<'a, W: bytemuck::Pod, A: bytemuck::Pod> Inputs<'a, W, A> {
         if s.t == 0 {
             return Err(InputError::Empty { op: self.op() });
         }
-        let defs = self.op().tensors();
+        let defs = self.defs();
         let bound = self.bound();
         debug_assert_eq!(
             defs.len(),

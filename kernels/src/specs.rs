@@ -217,6 +217,17 @@ kernel! {
         cores:      R = 8;
     }
 
+    /// gpt-oss's experts whole: clamped SwiGLU and biases on gate/up and down, any size.
+    pub general_expert_ffn_gather_swiglu_biased = expert_ffn {
+        dims:       T, R, E, H, F;
+        dtypes:     f16, bf16, f32;
+        targets:    cpu, wgpu;
+        activation: swiglu_clamped(limit = 7.0, alpha = 1.702);
+        bias:       gate_up, down;
+        select:     gather E by R;
+        cores:      R = 8;
+    }
+
     /// The general prefill fallback with SiLU experts.
     pub general_expert_ffn_grouped_silu = expert_ffn {
         dims:       T = 2.., R, E, H, F;
@@ -300,6 +311,7 @@ pub fn all() -> &'static [KernelEntry] {
             general_expert_ffn_grouped::entry(),
             general_expert_ffn_gather_silu::entry(),
             general_expert_ffn_gather_swiglu::entry(),
+            general_expert_ffn_gather_swiglu_biased::entry(),
             general_expert_ffn_grouped_silu::entry(),
             general_gate_up::entry(),
             general_down::entry(),

@@ -13,10 +13,10 @@ use crate::elem::Elem;
 use crate::inputs::{Inputs, output_len};
 use crate::registry::KernelEntry;
 use half::{bf16, f16};
-use moek_ir::reference::{self, Shape};
-use moek_ir::tensors::{TensorDef, TensorRole};
+use moek_ir::reference::{self, Biases, Shape};
+use moek_ir::tensors::{DOWN_BIAS, GATE_UP_BIAS, TensorDef, TensorRole};
 use moek_ir::tolerance::{Deviation, Tolerance};
-use moek_ir::{Activation, DType, DimName, Kernel, Op, Target};
+use moek_ir::{Activation, Bias, DType, DimName, Kernel, Op, Target};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
@@ -368,6 +368,7 @@ fn run_case<W: Elem>(
         .iter()
         .map(|&seed| {
             case.reseed(seed);
+            case.bias = k.bias;
             let mut out = vec![f32::NAN; output_len(k.op, shape)];
             let inputs = case.inputs();
             inputs
@@ -426,6 +427,12 @@ pub struct Case<W> {
     /// [`Case::param`].
     pub params: Vec<Vec<W>>,
     pub softcap: Option<f32>,
+    /// The expert FFN's biases, drawn for every expert FFN case (uniform in +-1, of the order of
+    /// the products they are added to), and which of them the inputs carry: the spec's, set by
+    /// the harness before each run.
+    pub gate_up_bias: Vec<W>,
+    pub down_bias: Vec<W>,
+    pub bias: Bias,
 }
 
 impl<W: Elem> Case<W> {
@@ -452,7 +459,14 @@ impl<W: Elem> Case<W> {
             act: vec![],
             params,
             softcap: Some(30.0),
+            gate_up_bias: vec![],
+            down_bias: vec![],
+            bias: Bias::default(),
         };
+        if op == Op::ExpertFfn {
+            case.gate_up_bias = uniform(GATE_UP_BIAS.len(&s), seed ^ 0x200, 1.0);
+            case.down_bias = uniform(DOWN_BIAS.len(&s), seed ^ 0x201, 1.0);
+        }
         case.reseed(seed);
         case
     }
@@ -479,6 +493,14 @@ impl<W: Elem> Case<W> {
         (self.idx, self.weights) = routes(s.t, s.r, s.e, seed ^ 9);
     }
 
+    /// The biases the inputs carry ([`Case::bias`]).
+    pub fn biases(&self) -> Biases<'_, W> {
+        Biases {
+            gate_up: self.bias.gate_up.then_some(&self.gate_up_bias[..]),
+            down: self.bias.down.then_some(&self.down_bias[..]),
+        }
+    }
+
     pub fn inputs(&self) -> Inputs<'_, W> {
         let p = |name| self.param(name);
         match self.op {
@@ -494,6 +516,7 @@ impl<W: Elem> Case<W> {
                 down: p("down"),
             },
             Op::ExpertFfn => Inputs::ExpertFfn {
+                bias: self.biases(),
                 x: &self.x,
                 idx: &self.idx,
                 weights: &self.weights,
@@ -529,6 +552,7 @@ impl<W: Elem> Case<W> {
                 &self.weights,
                 p("gate_up"),
                 p("down"),
+                self.biases(),
                 row,
             ),
             Op::DenseMlp => {

@@ -183,7 +183,7 @@ fn key_of(bytes: &[u8]) -> (usize, usize) {
 /// The op's tensors by the names the emitter binds (the op table's), as bytes, and the softcap
 /// (0 if none: the program's softcap passes logits through).
 fn host_tensors<'a, W: Elem>(inputs: &Inputs<'a, W>) -> (Vec<(&'static str, &'a [u8])>, f32) {
-    let names = inputs.op().tensors().iter().map(|t| t.name);
+    let names = inputs.defs().into_iter().map(|t| t.name);
     let bytes = inputs.bound().into_iter().map(|t| t.bytes());
     (names.zip(bytes).collect(), inputs.softcap().unwrap_or(0.0))
 }

@@ -282,6 +282,7 @@ pub(crate) fn run_traced<W: Elem>(
     let task = Task {
         op: inputs.op(),
         activation,
+        bias: inputs.bias(),
     };
     let (choice, fallback, uploaded) =
         match dispatch::run_task(specs::all(), backend, task, shape, inputs, out, requested) {

@@ -59,6 +59,7 @@ fn the_activation_is_part_of_what_is_asked_for() {
     let silu = dispatch::Task {
         op: Op::ExpertFfn,
         activation: Activation::Silu,
+        bias: Default::default(),
     };
     let c = dispatch::choose(
         specs::all(),
@@ -422,6 +423,7 @@ fn a_wgpu_session_uploads_expert_banks_once_for_prefill_and_decode() {
         weights,
         gate_up: prefill.param("gate_up"),
         down: prefill.param("down"),
+        bias: Default::default(),
     };
     let mut row = vec![f32::NAN; s.h];
     session.run(&k, &one, &inputs, &mut row).unwrap();
@@ -434,6 +436,7 @@ fn a_wgpu_session_uploads_expert_banks_once_for_prefill_and_decode() {
         weights,
         prefill.param("gate_up"),
         prefill.param("down"),
+        Default::default(),
         0,
     );
     let dev = moek_ir::tolerance::Deviation::measure(&row, &want);
@@ -477,6 +480,7 @@ fn an_activations_parameters_are_part_of_what_is_asked_for() {
             limit,
             alpha: 1.702,
         },
+        bias: Default::default(),
     };
     let c = dispatch::choose(
         specs::all(),
@@ -513,6 +517,7 @@ fn qwen3_30b_a3b_takes_its_own_blocked_and_grouped_variants() {
     let silu = dispatch::Task {
         op: Op::ExpertFfn,
         activation: Activation::Silu,
+        bias: Default::default(),
     };
     let pick = |shape| {
         dispatch::choose(
@@ -528,4 +533,72 @@ fn qwen3_30b_a3b_takes_its_own_blocked_and_grouped_variants() {
     };
     assert_eq!(pick(&QWEN3_DECODE), "qwen3_decode_expert_ffn_blocked");
     assert_eq!(pick(&QWEN3_PREFILL), "qwen3_prefill_expert_ffn_grouped");
+}
+
+#[test]
+fn biases_are_part_of_what_is_asked_for_and_a_spec_refuses_inputs_without_its_own() {
+    use moek_kernels::ir::Bias;
+    let both = Bias {
+        gate_up: true,
+        down: true,
+    };
+    let task = dispatch::Task {
+        op: Op::ExpertFfn,
+        activation: Activation::SwigluClamped {
+            limit: 7.0,
+            alpha: 1.702,
+        },
+        bias: both,
+    };
+    let c = dispatch::choose(
+        specs::all(),
+        &Backend::cpu(),
+        task,
+        DType::Bf16,
+        &DECODE,
+        None,
+    )
+    .expect("the biased gpt-oss variant serves any size");
+    assert_eq!(c.kernel, "general_expert_ffn_gather_swiglu_biased");
+    let why = &c
+        .passed_over
+        .iter()
+        .find(|(n, _)| n == "decode_expert_ffn_blocked_swiglu")
+        .expect("the unbiased variant is passed over")
+        .1;
+    assert!(
+        why.contains("adds no biases, not biases on gate_up and down"),
+        "{why}"
+    );
+    // The biased spec forced on inputs without biases: refused before anything is written.
+    let s = Shape {
+        t: 2,
+        r: 3,
+        e: 5,
+        h: 64,
+        f: 32,
+        v: 0,
+    };
+    let case = Case::<half::bf16>::new(Op::ExpertFfn, s, 7);
+    let mut out = vec![f32::NAN; s.t * s.h];
+    let unbiased = dispatch::Task {
+        bias: Bias::default(),
+        ..task
+    };
+    let err = dispatch::run_task(
+        specs::all(),
+        &Backend::cpu(),
+        unbiased,
+        &s,
+        &case.inputs(),
+        &mut out,
+        Some("general_expert_ffn_gather_swiglu_biased"),
+    )
+    .expect_err("the inputs carry no biases");
+    assert!(
+        err.to_string()
+            .contains("adds biases on gate_up and down, not no biases"),
+        "{err}"
+    );
+    assert!(out.iter().all(|x| x.is_nan()), "nothing was written");
 }

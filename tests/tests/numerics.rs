@@ -33,6 +33,30 @@ moek_kernels::kernel! {
         cores:   F = 3;
     }
 
+    /// Biases through the two-phase gather (gate/up split over H, so no route owners): each
+    /// bias alone, so a bias lost or doubled in either phase fails its own test.
+    pub biased_gate_up_two_phase = expert_ffn {
+        dims:            T, R, E, H, F;
+        dtypes:          bf16, f32;
+        targets:         cpu, wgpu;
+        activation:      silu;
+        bias:            gate_up;
+        select:          gather E by R;
+        cores(gate_up):  H = 2;
+        cores(down):     R = 2;
+    }
+
+    pub biased_down_two_phase = expert_ffn {
+        dims:            T, R, E, H, F;
+        dtypes:          bf16, f32;
+        targets:         cpu, wgpu;
+        activation:      silu;
+        bias:            down;
+        select:          gather E by R;
+        cores(gate_up):  H = 2;
+        cores(down):     H = 2;
+    }
+
     /// The same on Spyre, whose programs are fixed: a small decode geometry.
     pub tight_swiglu_spyre = expert_ffn {
         dims:       T = 1, R = 8, E = 16, H = 512, F = 256;
@@ -289,4 +313,44 @@ fn the_cost_budget_cuts_seeds_only_where_a_seed_is_dear() {
     );
     let decode = decode_expert_ffn_blocked::entry();
     assert_eq!(seeds_within_budget(decode.ir(), &DECODE), SEEDS);
+}
+
+/// The biases the biased specs' generated tests add move the reference far beyond any tolerance:
+/// a variant that dropped them would fail.
+#[test]
+fn the_biases_change_the_reference() {
+    use moek_kernels::ir::Bias;
+    let shape = moek_kernels::testing::shape_for(
+        general_expert_ffn_gather_swiglu_biased::entry().ir(),
+        &moek_kernels::testing::SMALL,
+    );
+    let mut case = Case::<bf16>::new(Op::ExpertFfn, shape, 3);
+    let act = Activation::Silu;
+    let rows = |case: &Case<bf16>| -> Vec<f64> {
+        (0..shape.t)
+            .flat_map(|t| case.reference_row(act, t))
+            .collect()
+    };
+    let plain = rows(&case);
+    for bias in [
+        Bias {
+            gate_up: true,
+            down: false,
+        },
+        Bias {
+            gate_up: false,
+            down: true,
+        },
+    ] {
+        case.bias = bias;
+        let biased = rows(&case);
+        let diff: f64 = plain
+            .iter()
+            .zip(&biased)
+            .map(|(a, b)| (a - b).powi(2))
+            .sum();
+        let norm: f64 = plain.iter().map(|a| a * a).sum();
+        let rel = (diff / norm).sqrt();
+        assert!(rel > 0.1, "{bias}: the reference moves by only {rel:e}");
+    }
 }

@@ -79,6 +79,7 @@ impl<W: Float> Model<'_, W> {
             weights: &weights,
             gate_up: &mw.experts.gate_up_proj,
             down: &mw.experts.down_proj,
+            bias: Default::default(),
         };
         let shape = self.moe_shape(s, moe);
         let forced = self.variant.as_deref();

@@ -93,6 +93,7 @@ impl<W: Float> Model<'_, W> {
             let task = dispatch::Task {
                 op: Op::ExpertFfn,
                 activation: Activation::Silu,
+                bias: Default::default(),
             };
             dispatch::choose(
                 specs::all(),
@@ -202,6 +203,7 @@ impl<W: Float> Model<'_, W> {
             weights: &weights,
             gate_up: &moe.gate_up_proj,
             down: &moe.down_proj,
+            bias: Default::default(),
         };
         let shape = self.moe_shape(s);
         let forced = self.variant.as_deref();

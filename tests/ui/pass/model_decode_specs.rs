@@ -62,12 +62,14 @@ kernel! {
         activation: silu;
     }
 
-    /// gpt-oss-20b: four of 32 experts with its clamped SwiGLU (limit 7, alpha 1.702).
+    /// gpt-oss-20b: four of 32 experts with its clamped SwiGLU (limit 7, alpha 1.702) and
+    /// biases on gate/up and down (the Spyre lowering has no bias operands yet).
     pub gpt_oss_decode = expert_ffn {
         dims:       T = 1, R = 4, E = 32, H = 2880, F = 2880;
         dtypes:     bf16;
-        targets:    cpu, wgpu, spyre;
+        targets:    cpu, wgpu;
         activation: swiglu_clamped(limit = 7.0, alpha = 1.702);
+        bias:       gate_up, down;
         select:     gather E by R;
         cores:      R = 4;
     }
@@ -80,9 +82,11 @@ fn main() {
         qwen3_decode::entry(),
         mixtral_decode::entry(),
         deepseek_decode::entry(),
-        gpt_oss_decode::entry(),
     ] {
         assert!(entry.ir().targets.contains(&Target::Spyre), "{}", entry.ir().name);
     }
-    assert_eq!(deepseek_shared::entry().ir().targets, [Target::Cpu, Target::Wgpu]);
+    for entry in [deepseek_shared::entry(), gpt_oss_decode::entry()] {
+        assert_eq!(entry.ir().targets, [Target::Cpu, Target::Wgpu], "{}", entry.ir().name);
+    }
+    assert!(gpt_oss_decode::entry().ir().bias.gate_up && gpt_oss_decode::entry().ir().bias.down);
 }

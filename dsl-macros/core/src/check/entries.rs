@@ -105,6 +105,15 @@ impl Checker {
                     }
                     p.activation = decls.first().and_then(|d| self.activation(d));
                 }
+                "bias" => {
+                    let names = parse_or_record!(parse::names);
+                    p.bias = self.named(
+                        names,
+                        |n| Phase::from_name(n).filter(|p| *p != Phase::All),
+                        "bias",
+                        || "gate_up, down".into(),
+                    );
+                }
                 _ => unreachable!("every key in KEYS is handled"),
             }
         }

@@ -32,6 +32,7 @@ pub const KEYS: &[&str] = &[
     "stream",
     "requires",
     "activation",
+    "bias",
 ];
 
 /// Validates one spec. All errors are collected; the IR is returned only when there are none.
@@ -67,6 +68,8 @@ pub(crate) struct Parsed {
     pub(crate) stream: Vec<SizeDecl>,
     pub(crate) requires: Vec<Capability>,
     pub(crate) activation: Option<(Activation, Span)>,
+    /// `bias: gate_up, down`: each named phase's bias, and the span naming it.
+    pub(crate) bias: Vec<(Phase, Span)>,
     pub(crate) has_dtypes: bool,
     pub(crate) has_targets: bool,
 }
@@ -133,7 +136,12 @@ impl Checker {
             },
             requires: p.requires.clone(),
             activation: p.activation.map(|a| a.0).unwrap_or_default(),
+            bias: Bias {
+                gate_up: p.bias.iter().any(|b| b.0 == Phase::GateUp),
+                down: p.bias.iter().any(|b| b.0 == Phase::Down),
+            },
         };
+        self.bias_rules(&kernel, &p);
         if let Some((_, span)) = p.activation
             && !op.has_activation()
         {
@@ -149,6 +157,38 @@ impl Checker {
             self.wgpu_rules(spec, &kernel, &p);
         }
         self.errors.is_empty().then_some(kernel)
+    }
+}
+
+impl Checker {
+    /// Biases are lowered for a gathered expert FFN on CPU and wgpu.
+    fn bias_rules(&mut self, k: &Kernel, p: &Parsed) {
+        let Some(&(_, span)) = p.bias.first() else {
+            return;
+        };
+        if k.op != Op::ExpertFfn {
+            self.errors.push(
+                span,
+                format!(
+                    "`bias` applies to `expert_ffn` (its gate/up and down products), not `{}`",
+                    k.op
+                ),
+            );
+        } else if k.schedule.select != Selection::Gather {
+            self.errors.push(
+                span,
+                format!(
+                    "expert biases are emitted for `select: gather` only; `{}` selection has no biased variant yet",
+                    k.schedule.select
+                ),
+            );
+        }
+        if let Some(&(_, at)) = p.targets.iter().find(|t| t.0 == Target::Spyre) {
+            self.errors.push(
+                at,
+                "the Spyre lowering has no bias operands yet (each route's bias row would be one more DMA per phase): drop `spyre`, or the biases",
+            );
+        }
     }
 }
 

@@ -44,6 +44,7 @@ pub fn function(k: &Kernel) -> TokenStream {
     let variant = format_ident!("{}", variant_of(k.op));
     let fields = input_fields(k.op);
     let dims = dim_bindings(k);
+    let biases = bias_bindings(k);
     let doc = format!("The CPU variant of `{}`: {}", k.name, k.schedule_summary());
     quote! {
         #[doc = #doc]
@@ -61,6 +62,7 @@ pub fn function(k: &Kernel) -> TokenStream {
             // The parallel loops are joined from a worker (see `moek_cpu::pool`).
             cpu::on_pool(move || {
                 #dims
+                #biases
                 #body
             })
         }
@@ -82,7 +84,7 @@ fn input_fields(op: Op) -> TokenStream {
     match op {
         Op::GateUp => quote!(x, idx, gate_up),
         Op::Down => quote!(act, idx, weights, down),
-        Op::ExpertFfn => quote!(x, idx, weights, gate_up, down),
+        Op::ExpertFfn => quote!(x, idx, weights, gate_up, down, bias),
         Op::DenseMlp => quote!(x, gate, up, down),
         Op::LmHeadRow => quote!(hidden, emb, softcap),
     }
@@ -154,6 +156,7 @@ fn parts(k: &Kernel, phase: Phase, dim: DimName) -> Literal {
 /// Gate/up over gathered routes: units T x R x F x H; writes `gated(g, u)` to `dst` `[T, R, F]`.
 fn gather_gate_up(k: &Kernel, phase: Phase, dst: TokenStream) -> TokenStream {
     let pair = gated(k, quote!(g), quote!(u));
+    let gu_bias = add_gate_up_bias(k, quote!(g), quote!(u));
     let (pt, pr, pf, ph) = (
         parts(k, phase, DimName::T),
         parts(k, phase, DimName::R),
@@ -201,6 +204,7 @@ fn gather_gate_up(k: &Kernel, phase: Phase, dst: TokenStream) -> TokenStream {
         }
         // Completed sum over the H parts in part order, then the epilogue gated(g, u).
         (#dst)[..t_n * r_n * f_n].par_chunks_mut(f_n).enumerate().for_each(|(slot, a)| {
+            let e = idx[slot] as usize;
             for j in 0..f_n {
                 let (mut g, mut u) = (0f32, 0f32);
                 for p in 0..#ph {
@@ -208,6 +212,7 @@ fn gather_gate_up(k: &Kernel, phase: Phase, dst: TokenStream) -> TokenStream {
                     g += partials[b + j];
                     u += partials[b + f_n + j];
                 }
+                #gu_bias
                 a[j] = #pair;
             }
         });
@@ -230,6 +235,35 @@ fn gated(k: &Kernel, g: TokenStream, u: TokenStream) -> TokenStream {
     }
 }
 
+/// `gate_up_bias` / `down_bias`, the spec's biases as slices (the backend checked that the
+/// inputs carry exactly the spec's biases before the variant runs).
+fn bias_bindings(k: &Kernel) -> TokenStream {
+    let gu = k.bias.gate_up.then(|| {
+        quote!(let gate_up_bias = bias.gate_up.expect("the backend checks the spec's biases are given");)
+    });
+    let dn = k.bias.down.then(|| {
+        quote!(let down_bias = bias.down.expect("the backend checks the spec's biases are given");)
+    });
+    quote!(#gu #dn)
+}
+
+/// Statements adding expert `e`'s gate/up bias for column `j` to `g` and `u`, if the spec has one.
+fn add_gate_up_bias(k: &Kernel, g: TokenStream, u: TokenStream) -> TokenStream {
+    if !k.bias.gate_up {
+        return quote!();
+    }
+    quote! {
+        #g += gate_up_bias[e * 2 * f_n + j].to_f32();
+        #u += gate_up_bias[e * 2 * f_n + f_n + j].to_f32();
+    }
+}
+
+/// Expert `e`'s down bias at output column `i` (a spec with a down bias).
+fn down_bias_at(k: &Kernel) -> TokenStream {
+    debug_assert!(k.bias.down);
+    quote!(down_bias[e * h_n + i].to_f32())
+}
+
 fn route_owned(k: &Kernel) -> bool {
     let owned = |phase| {
         k.cores_for(phase)
@@ -249,6 +283,15 @@ fn route_owned(k: &Kernel) -> bool {
 /// emission's, term for term.
 fn gather_route_owned(k: &Kernel) -> TokenStream {
     let pair = gated(k, quote!(g[j]), quote!(u[j]));
+    let gu_bias = add_gate_up_bias(k, quote!(g[j]), quote!(u[j]));
+    let dn_bias = k.bias.down.then(|| {
+        let b = down_bias_at(k);
+        quote! {
+            for (i, y) in (c0..c1).zip(yv.iter_mut()) {
+                *y += #b;
+            }
+        }
+    });
     let (pt, pr) = (
         parts(k, Phase::GateUp, DimName::T),
         parts(k, Phase::GateUp, DimName::R),
@@ -279,6 +322,7 @@ fn gather_route_owned(k: &Kernel) -> TokenStream {
                         cpu::matvec_segments(xt, bank, h_n, 0..f_n, h_blocks, &mut g);
                         cpu::matvec_segments(xt, &bank[f_n * h_n..], h_n, 0..f_n, h_blocks, &mut u);
                         for j in 0..f_n {
+                            #gu_bias
                             a[j] = #pair;
                         }
                         let bank = &down[e * h_n * f_n..(e + 1) * h_n * f_n];
@@ -286,6 +330,7 @@ fn gather_route_owned(k: &Kernel) -> TokenStream {
                             // SAFETY: this unit owns route slot `slot`.
                             let yv = unsafe { shared.slice(slot * h_n + c0, c1 - c0) };
                             cpu::matvec_segments(&a, bank, f_n, c0..c1, f_blocks, yv);
+                            #dn_bias
                         }
                     }
                 }
@@ -317,6 +362,10 @@ fn combine_routes(rows: TokenStream) -> TokenStream {
 /// Down over gathered routes: units T x R x H x F, H in column blocks, F in reduction blocks,
 /// then the K-axis combine `out[t] = sum_r w[t,r] * y[t,r]` in route order.
 fn gather_down(k: &Kernel, phase: Phase, act: TokenStream) -> TokenStream {
+    let dn_bias = k.bias.down.then(|| {
+        let b = down_bias_at(k);
+        quote!(v += #b;)
+    });
     let (pt, pr, ph, pf) = (
         parts(k, phase, DimName::T),
         parts(k, phase, DimName::R),
@@ -361,11 +410,13 @@ fn gather_down(k: &Kernel, phase: Phase, act: TokenStream) -> TokenStream {
             for r in 0..r_n {
                 let slot = t * r_n + r;
                 let w = weights[slot];
+                let e = idx[slot] as usize;
                 for i in 0..h_n {
                     let mut v = 0f32;
                     for p in 0..#pf {
                         v += y[(p * t_n * r_n + slot) * h_n + i];
                     }
+                    #dn_bias
                     o[i] += w * v;
                 }
             }

@@ -85,6 +85,7 @@ pub fn measure(iters: usize) -> Result<GpuFigures, CommandError> {
             weights: &case.weights,
             gate_up: &w1,
             down: &w2,
+            bias: Default::default(),
         };
         let start = Instant::now();
         session

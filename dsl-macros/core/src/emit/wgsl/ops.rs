@@ -66,6 +66,13 @@ impl Emitter<'_> {
         );
         let cols = self.columns(DimName::F, f);
         let st = ld_store(dst);
+        let (bg, bu) = match self.k.bias.gate_up {
+            true => (
+                format!(" + ld_gate_up_bias_0(e * {}u + j)", 2 * f),
+                format!(" + ld_gate_up_bias_0(e * {}u + {f}u + j)", 2 * f),
+            ),
+            false => (String::new(), String::new()),
+        };
         for (b, &(j0, j1)) in cols.iter().enumerate() {
             let w = j1 - j0;
             let name = entry_name("gate_up", b, cols.len());
@@ -76,7 +83,7 @@ impl Emitter<'_> {
                  let t = tr / {r}u;\n    \
                  let e = idx_0[tr];\n    \
                  var acc = vec2<f32>(0.0);\n{red}    \
-                 if (lid == 0u) {{ {st}[tr * {f}u + j] = gated(acc.x, acc.y); }}\n",
+                 if (lid == 0u) {{ {st}[tr * {f}u + j] = gated(acc.x{bg}, acc.y{bu}); }}\n",
                 r = s.r,
             );
             self.entry(&name, s.t * s.r * w, &body);
@@ -98,6 +105,10 @@ impl Emitter<'_> {
             .any(|sp| sp.dim == DimName::R);
         let term = SegCall::group(&part, [format!("e * {h}u + i"), format!("tr * {f}u")]);
         let red = self.reduce(&segs, &[term]);
+        let bias = match self.k.bias.down {
+            true => format!(" + ld_down_bias_0(e * {h}u + i)"),
+            false => String::new(),
+        };
         if owners {
             self.tensor("partial", Role::Scratch, s.t * r * h, Store::F32, h)?;
             for (b, &(i0, i1)) in cols.iter().enumerate() {
@@ -109,7 +120,7 @@ impl Emitter<'_> {
                      let tr = row / {w}u;\n    \
                      let e = idx_0[tr];\n    \
                      var acc = 0.0;\n{red}    \
-                     if (lid == 0u) {{ partial_0[tr * {h}u + i] = acc; }}\n"
+                     if (lid == 0u) {{ partial_0[tr * {h}u + i] = acc{bias}; }}\n"
                 );
                 self.entry(&name, s.t * r * w, &body);
             }
@@ -137,7 +148,7 @@ impl Emitter<'_> {
                      let tr = t * {r}u + r;\n    \
                      let e = idx_0[tr];\n    \
                      var acc = 0.0;\n{red}    \
-                     y += weights_0[tr] * acc;\n    \
+                     y += weights_0[tr] * (acc{bias});\n    \
                      }}\n    \
                      if (lid == 0u) {{ out_0[t * {h}u + i] = y; }}\n"
                 );
