@@ -28,6 +28,11 @@ pub struct Kernel {
     /// JSON.
     #[serde(default, skip_serializing_if = "Bias::is_none")]
     pub bias: Bias,
+    /// A dense MLP's output scaled by `sigmoid(x . output_gate)` per token: Qwen2-MoE's gate on
+    /// its shared experts (which are one dense MLP). Off by default, and then left out of the
+    /// JSON.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_gate: bool,
 }
 
 /// Which per-expert biases a routed expert FFN adds: `gate_up_bias [E, 2F]` (gate first) to the
@@ -361,6 +366,9 @@ impl Kernel {
         }
         if !self.bias.is_none() {
             parts.push(self.bias.to_string());
+        }
+        if self.output_gate {
+            parts.push("output_gate sigmoid".into());
         }
         for b in &s.reduce {
             parts.push(format!("reduce {}", b));

@@ -219,7 +219,8 @@ pub fn expert_ffn<W: Real>(
     out
 }
 
-/// The dense MLP for token `t`: `gate`/`up` are `[F, H]`, `down` is `[H, F]`.
+/// The dense MLP for token `t`: `gate`/`up` are `[F, H]`, `down` is `[H, F]`; scaled by
+/// `sigmoid(x . output_gate)` when it has an output gate (`[H]`).
 pub fn dense_mlp<W: Real>(
     s: &Shape,
     act: Activation,
@@ -227,9 +228,11 @@ pub fn dense_mlp<W: Real>(
     gate: &[W],
     up: &[W],
     down: &[W],
+    output_gate: Option<&[W]>,
     t: usize,
 ) -> Vec<f64> {
     let xt = &x[t * s.h..(t + 1) * s.h];
+    let scale = output_gate.map_or(1.0, |g| sigmoid(dot(xt, g)));
     let a: Vec<f64> = (0..s.f)
         .map(|j| {
             let g = dot(xt, &gate[j * s.h..(j + 1) * s.h]);
@@ -237,7 +240,7 @@ pub fn dense_mlp<W: Real>(
         })
         .collect();
     (0..s.h)
-        .map(|i| dot(&a, &down[i * s.f..(i + 1) * s.f]))
+        .map(|i| scale * dot(&a, &down[i * s.f..(i + 1) * s.f]))
         .collect()
 }
 

@@ -98,6 +98,8 @@ const DENSE_DOWN: TensorDef = TensorDef::new("down", Weight, W, &[D(H), D(F)]);
 /// The optional per-expert biases (`Kernel::bias`).
 pub const GATE_UP_BIAS: TensorDef = TensorDef::new("gate_up_bias", Weight, W, &[D(E), Twice(F)]);
 pub const DOWN_BIAS: TensorDef = TensorDef::new("down_bias", Weight, W, &[D(E), D(H)]);
+/// The optional sigmoid gate on a dense MLP's output (`Kernel::output_gate`).
+pub const OUTPUT_GATE: TensorDef = TensorDef::new("output_gate", Weight, W, &[D(H)]);
 const HIDDEN: TensorDef = TensorDef::new("hidden", Input, A, &[D(T), D(H)]);
 const EMB: TensorDef = TensorDef::new("emb", Weight, W, &[D(V), D(H)]);
 
@@ -123,15 +125,18 @@ impl Op {
         }
     }
 
-    /// The op's tensors with the biases `bias` adds after them, in the order every backend
-    /// binds them.
-    pub fn tensors_with(self, bias: crate::Bias) -> Vec<&'static TensorDef> {
+    /// The op's tensors with the optional ones a spec adds after them (its biases, its output
+    /// gate), in the order every backend binds them.
+    pub fn tensors_with(self, bias: crate::Bias, output_gate: bool) -> Vec<&'static TensorDef> {
         let mut all: Vec<&'static TensorDef> = self.tensors().iter().collect();
         if bias.gate_up {
             all.push(&GATE_UP_BIAS);
         }
         if bias.down {
             all.push(&DOWN_BIAS);
+        }
+        if output_gate {
+            all.push(&OUTPUT_GATE);
         }
         all
     }

@@ -319,6 +319,22 @@ pub fn run<W: Elem>(
             entry.name()
         ));
     }
+    if entry.ir().output_gate != inputs.output_gate() {
+        return Err(format!(
+            "`{}` {} an output gate, but the inputs {}",
+            entry.name(),
+            if entry.ir().output_gate {
+                "has"
+            } else {
+                "has no"
+            },
+            if inputs.output_gate() {
+                "carry one"
+            } else {
+                "carry none"
+            },
+        ));
+    }
     match backend.target {
         Target::Cpu => Cpu::run(backend, entry, shape, inputs, out),
         Target::Spyre => Spyre::run(backend, entry, shape, inputs, out),

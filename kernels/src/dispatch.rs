@@ -95,6 +95,8 @@ pub enum Ineligible {
         wanted: Op,
         wanted_act: Activation,
     },
+    #[error("{}", if *spec { "has an output gate, which was not asked for" } else { "has no output gate" })]
+    OutputGate { spec: bool },
     #[error("adds {spec}, not {wanted}")]
     Bias { spec: Bias, wanted: Bias },
     #[error("does not target {target}")]
@@ -176,6 +178,8 @@ pub struct Task {
     pub activation: Activation,
     /// The experts' biases (none by default): a spec serves only the biases it declares.
     pub bias: Bias,
+    /// A dense MLP's sigmoid output gate (off by default), served only by a spec with one.
+    pub output_gate: bool,
 }
 
 impl From<Op> for Task {
@@ -184,6 +188,7 @@ impl From<Op> for Task {
             op,
             activation: Activation::default(),
             bias: Bias::default(),
+            output_gate: false,
         }
     }
 }
@@ -201,6 +206,7 @@ pub fn eligible(
         op,
         activation,
         bias,
+        output_gate,
     } = task.into();
     if k.op != op {
         return Err(Ineligible::Op {
@@ -213,6 +219,11 @@ pub fn eligible(
             spec: k.activation,
             wanted: op,
             wanted_act: activation,
+        });
+    }
+    if k.output_gate != output_gate {
+        return Err(Ineligible::OutputGate {
+            spec: k.output_gate,
         });
     }
     if k.bias != bias {
@@ -396,6 +407,7 @@ pub fn run<W: Elem>(
 ) -> Result<(Choice, backend::Ran), DispatchError> {
     let task = Task {
         bias: inputs.bias(),
+        output_gate: inputs.output_gate(),
         ..Task::from(inputs.op())
     };
     run_task(entries, backend, task, shape, inputs, out, requested)
@@ -416,6 +428,11 @@ pub fn run_task<W: Elem>(
         task.bias,
         inputs.bias(),
         "a task names the biases its inputs carry"
+    );
+    assert_eq!(
+        task.output_gate,
+        inputs.output_gate(),
+        "a task names the output gate its inputs carry"
     );
     let choice = choose(entries, backend, task, W::DTYPE, shape, requested)?;
     inputs.validate(shape, out.len())?;

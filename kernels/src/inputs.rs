@@ -38,12 +38,14 @@ pub enum Inputs<'a, W, A = W> {
         down: &'a [W],
         bias: Biases<'a, W>,
     },
-    /// `x [T, H]`, `gate [F, H]`, `up [F, H]`, `down [H, F]`.
+    /// `x [T, H]`, `gate [F, H]`, `up [F, H]`, `down [H, F]`, and the output gate `[H]` if the
+    /// MLP has one (Qwen2-MoE's shared experts: `sigmoid(x . output_gate)` scales each row).
     DenseMlp {
         x: &'a [A],
         gate: &'a [W],
         up: &'a [W],
         down: &'a [W],
+        output_gate: Option<&'a [W]>,
     },
     /// `hidden [T, H]` (only row T-1 is read), `emb [V, H]`, and the final softcap
     /// (`cap * tanh(x / cap)`), if the model has one (Gemma does; Qwen3, Mixtral, DeepSeek and
@@ -144,9 +146,20 @@ impl<'a, W: bytemuck::Pod, A: bytemuck::Pod> Inputs<'a, W, A> {
         }
     }
 
-    /// The tensors bound, as the op table defines them ([`Op::tensors_with`] the biases).
+    /// Whether these inputs carry a dense MLP's output gate.
+    pub fn output_gate(&self) -> bool {
+        matches!(
+            self,
+            Inputs::DenseMlp {
+                output_gate: Some(_),
+                ..
+            }
+        )
+    }
+
+    /// The tensors bound, as the op table defines them ([`Op::tensors_with`] the optional ones).
     pub fn defs(&self) -> Vec<&'static TensorDef> {
-        self.op().tensors_with(self.bias())
+        self.op().tensors_with(self.bias(), self.output_gate())
     }
 
     /// The tensors in the order of [`Inputs::defs`].
@@ -179,8 +192,16 @@ impl<'a, W: bytemuck::Pod, A: bytemuck::Pod> Inputs<'a, W, A> {
                 all.extend(bias.down.map(Weight));
                 all
             }
-            Inputs::DenseMlp { x, gate, up, down } => {
-                vec![Act(x), Weight(gate), Weight(up), Weight(down)]
+            Inputs::DenseMlp {
+                x,
+                gate,
+                up,
+                down,
+                output_gate,
+            } => {
+                let mut all = vec![Act(x), Weight(gate), Weight(up), Weight(down)];
+                all.extend(output_gate.map(Weight));
+                all
             }
             Inputs::LmHeadRow { hidden, emb, .. } => vec![Act(hidden), Weight(emb)],
         }

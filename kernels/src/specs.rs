@@ -270,6 +270,17 @@ kernel! {
         activation: silu;
     }
 
+    /// Shared experts with Qwen2-MoE's gate: the always-on experts are one dense SiLU MLP (S
+    /// experts of width F are one of width S x F), each token's row scaled by
+    /// `sigmoid(x . output_gate)` before it is added to the routed sum.
+    pub general_shared_experts_gated = dense_mlp {
+        dims:        T, H, F;
+        dtypes:      f16, bf16, f32;
+        targets:     cpu, wgpu;
+        activation:  silu;
+        output_gate: sigmoid;
+    }
+
     /// The 26B-A4B dense MLP (F 2112): gate/up rows split over two cores' worth of units, down
     /// columns likewise.
     pub dense_mlp_26b = dense_mlp {
@@ -317,6 +328,7 @@ pub fn all() -> &'static [KernelEntry] {
             general_down::entry(),
             general_dense_mlp::entry(),
             general_dense_mlp_silu::entry(),
+            general_shared_experts_gated::entry(),
             dense_mlp_26b::entry(),
             general_lm_head_row::entry(),
         ]

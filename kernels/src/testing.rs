@@ -369,6 +369,7 @@ fn run_case<W: Elem>(
         .map(|&seed| {
             case.reseed(seed);
             case.bias = k.bias;
+            case.output_gate = k.output_gate;
             let mut out = vec![f32::NAN; output_len(k.op, shape)];
             let inputs = case.inputs();
             inputs
@@ -433,6 +434,10 @@ pub struct Case<W> {
     pub gate_up_bias: Vec<W>,
     pub down_bias: Vec<W>,
     pub bias: Bias,
+    /// A dense MLP's output gate `[H]` (uniform in +-2/sqrt(H): sigmoids across (0.2, 0.8)),
+    /// and whether the inputs carry it: the spec's, set by the harness.
+    pub gate_w: Vec<W>,
+    pub output_gate: bool,
 }
 
 impl<W: Elem> Case<W> {
@@ -462,7 +467,12 @@ impl<W: Elem> Case<W> {
             gate_up_bias: vec![],
             down_bias: vec![],
             bias: Bias::default(),
+            gate_w: vec![],
+            output_gate: false,
         };
+        if op == Op::DenseMlp {
+            case.gate_w = uniform(s.h, seed ^ 0x202, 2.0 / (s.h.max(1) as f32).sqrt());
+        }
         if op == Op::ExpertFfn {
             case.gate_up_bias = uniform(GATE_UP_BIAS.len(&s), seed ^ 0x200, 1.0);
             case.down_bias = uniform(DOWN_BIAS.len(&s), seed ^ 0x201, 1.0);
@@ -528,6 +538,7 @@ impl<W: Elem> Case<W> {
                 gate: p("gate"),
                 up: p("up"),
                 down: p("down"),
+                output_gate: self.output_gate.then_some(&self.gate_w[..]),
             },
             Op::LmHeadRow => Inputs::LmHeadRow {
                 hidden: &self.x,
@@ -556,7 +567,8 @@ impl<W: Elem> Case<W> {
                 row,
             ),
             Op::DenseMlp => {
-                reference::dense_mlp(s, act, &self.x, p("gate"), p("up"), p("down"), row)
+                let gate = self.output_gate.then_some(&self.gate_w[..]);
+                reference::dense_mlp(s, act, &self.x, p("gate"), p("up"), p("down"), gate, row)
             }
             Op::LmHeadRow => {
                 reference::lm_head_row(s, &self.x, p("emb"), self.softcap.map(f64::from), &[row])

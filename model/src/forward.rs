@@ -201,6 +201,7 @@ pub(crate) fn dense_mlp<W: Float>(
         gate,
         up,
         down,
+        output_gate: None,
     };
     let what = "dense_mlp";
     run_traced(
@@ -283,6 +284,7 @@ pub(crate) fn run_traced<W: Elem>(
         op: inputs.op(),
         activation,
         bias: inputs.bias(),
+        output_gate: inputs.output_gate(),
     };
     let (choice, fallback, uploaded) =
         match dispatch::run_task(specs::all(), backend, task, shape, inputs, out, requested) {

@@ -60,6 +60,7 @@ fn the_activation_is_part_of_what_is_asked_for() {
         op: Op::ExpertFfn,
         activation: Activation::Silu,
         bias: Default::default(),
+        output_gate: false,
     };
     let c = dispatch::choose(
         specs::all(),
@@ -481,6 +482,7 @@ fn an_activations_parameters_are_part_of_what_is_asked_for() {
             alpha: 1.702,
         },
         bias: Default::default(),
+        output_gate: false,
     };
     let c = dispatch::choose(
         specs::all(),
@@ -518,6 +520,7 @@ fn qwen3_30b_a3b_takes_its_own_blocked_and_grouped_variants() {
         op: Op::ExpertFfn,
         activation: Activation::Silu,
         bias: Default::default(),
+        output_gate: false,
     };
     let pick = |shape| {
         dispatch::choose(
@@ -549,6 +552,7 @@ fn biases_are_part_of_what_is_asked_for_and_a_spec_refuses_inputs_without_its_ow
             alpha: 1.702,
         },
         bias: both,
+        output_gate: false,
     };
     let c = dispatch::choose(
         specs::all(),
@@ -601,4 +605,44 @@ fn biases_are_part_of_what_is_asked_for_and_a_spec_refuses_inputs_without_its_ow
         "{err}"
     );
     assert!(out.iter().all(|x| x.is_nan()), "nothing was written");
+}
+
+#[test]
+fn an_output_gate_is_served_only_when_asked_for() {
+    let shape = Shape {
+        t: 3,
+        h: 64,
+        f: 96,
+        ..Shape::default()
+    };
+    let task = |output_gate| dispatch::Task {
+        op: Op::DenseMlp,
+        activation: Activation::Silu,
+        bias: Default::default(),
+        output_gate,
+    };
+    let pick = |output_gate| {
+        dispatch::choose(
+            specs::all(),
+            &Backend::cpu(),
+            task(output_gate),
+            DType::Bf16,
+            &shape,
+            None,
+        )
+        .expect("a SiLU dense MLP serves it")
+    };
+    assert_eq!(pick(true).kernel, "general_shared_experts_gated");
+    let plain = pick(false);
+    assert_eq!(plain.kernel, "general_dense_mlp_silu");
+    let why = &plain
+        .passed_over
+        .iter()
+        .find(|(n, _)| n == "general_shared_experts_gated")
+        .expect("considered")
+        .1;
+    assert!(
+        why.contains("has an output gate, which was not asked for"),
+        "{why}"
+    );
 }

@@ -354,3 +354,29 @@ fn the_biases_change_the_reference() {
         assert!(rel > 0.1, "{bias}: the reference moves by only {rel:e}");
     }
 }
+
+/// The output gate of `general_shared_experts_gated` scales rows by sigmoids spread well away
+/// from 1 on the cases its generated tests draw: a variant that skipped it would fail.
+#[test]
+fn the_output_gate_changes_the_reference() {
+    let shape = moek_kernels::testing::shape_for(
+        general_shared_experts_gated::entry().ir(),
+        &moek_kernels::testing::SMALL,
+    );
+    let mut case = Case::<bf16>::new(Op::DenseMlp, shape, 5);
+    let rows = |case: &Case<bf16>| -> Vec<f64> {
+        (0..shape.t)
+            .flat_map(|t| case.reference_row(Activation::Silu, t))
+            .collect()
+    };
+    let plain = rows(&case);
+    case.output_gate = true;
+    let gated = rows(&case);
+    let diff: f64 = plain.iter().zip(&gated).map(|(a, b)| (a - b).powi(2)).sum();
+    let norm: f64 = plain.iter().map(|a| a * a).sum();
+    let rel = (diff / norm).sqrt();
+    assert!(
+        rel > 0.2,
+        "the output gate moves the reference by only {rel:e}"
+    );
+}

@@ -94,6 +94,7 @@ impl<W: Float> Model<'_, W> {
                 op: Op::ExpertFfn,
                 activation: Activation::Silu,
                 bias: Default::default(),
+                output_gate: false,
             };
             dispatch::choose(
                 specs::all(),

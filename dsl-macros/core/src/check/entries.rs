@@ -114,6 +114,20 @@ impl Checker {
                         || "gate_up, down".into(),
                     );
                 }
+                "output_gate" => {
+                    let names = parse_or_record!(parse::names).unwrap_or_default();
+                    match names.as_slice() {
+                        [one] if one == "sigmoid" => p.output_gate = Some(one.span()),
+                        [one] => self.errors.push(
+                            one.span(),
+                            format!("unknown output gate `{one}`; valid: sigmoid"),
+                        ),
+                        [_, second, ..] => self
+                            .errors
+                            .push(second.span(), "a dense MLP has one output gate: `sigmoid`"),
+                        [] => {}
+                    }
+                }
                 _ => unreachable!("every key in KEYS is handled"),
             }
         }

@@ -33,6 +33,7 @@ pub const KEYS: &[&str] = &[
     "requires",
     "activation",
     "bias",
+    "output_gate",
 ];
 
 /// Validates one spec. All errors are collected; the IR is returned only when there are none.
@@ -70,6 +71,8 @@ pub(crate) struct Parsed {
     pub(crate) activation: Option<(Activation, Span)>,
     /// `bias: gate_up, down`: each named phase's bias, and the span naming it.
     pub(crate) bias: Vec<(Phase, Span)>,
+    /// `output_gate: sigmoid`, and the span of its value.
+    pub(crate) output_gate: Option<Span>,
     pub(crate) has_dtypes: bool,
     pub(crate) has_targets: bool,
 }
@@ -140,8 +143,17 @@ impl Checker {
                 gate_up: p.bias.iter().any(|b| b.0 == Phase::GateUp),
                 down: p.bias.iter().any(|b| b.0 == Phase::Down),
             },
+            output_gate: p.output_gate.is_some(),
         };
         self.bias_rules(&kernel, &p);
+        if let Some(span) = p.output_gate
+            && op != Op::DenseMlp
+        {
+            self.errors.push(
+                span,
+                format!("`output_gate` scales a dense MLP's output (shared experts), not `{op}`'s"),
+            );
+        }
         if let Some((_, span)) = p.activation
             && !op.has_activation()
         {

@@ -85,7 +85,7 @@ fn input_fields(op: Op) -> TokenStream {
         Op::GateUp => quote!(x, idx, gate_up),
         Op::Down => quote!(act, idx, weights, down),
         Op::ExpertFfn => quote!(x, idx, weights, gate_up, down, bias),
-        Op::DenseMlp => quote!(x, gate, up, down),
+        Op::DenseMlp => quote!(x, gate, up, down, output_gate),
         Op::LmHeadRow => quote!(hidden, emb, softcap),
     }
 }
@@ -632,6 +632,18 @@ fn grouped(k: &Kernel) -> TokenStream {
 
 /// The dense MLP: GEMM gate/up and down phases over all tokens.
 fn dense_mlp(k: &Kernel) -> TokenStream {
+    // The output gate: `sigmoid(x[t] . output_gate)` scales token t's row.
+    let (scale, times) = match k.output_gate {
+        true => (
+            quote! {
+                let gate_w = output_gate.expect("the backend checks the spec's output gate is given");
+                let z = cpu::dot(&x[t * h_n..(t + 1) * h_n], gate_w);
+                let scale = 1.0 / (1.0 + (-z).exp());
+            },
+            quote!(*scale),
+        ),
+        false => (quote!(), quote!()),
+    };
     let gu = gemm_gate_up(k, quote!(gate), quote!(up));
     let dn = gemm_down(k, quote!(down));
     quote! {
@@ -642,12 +654,13 @@ fn dense_mlp(k: &Kernel) -> TokenStream {
         #dn
         // Completed sum over the F parts, in part order.
         out[..t_n * h_n].par_chunks_mut(h_n).enumerate().for_each(|(t, o)| {
+            #scale
             for j in 0..h_n {
                 let mut v = 0f32;
                 for p in 0..f_parts {
                     v += y[(p * n + t) * h_n + j];
                 }
-                o[j] = v;
+                o[j] = v #times;
             }
         });
         None

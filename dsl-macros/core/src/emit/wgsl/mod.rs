@@ -139,7 +139,7 @@ impl<'k> Emitter<'k> {
             Op::DenseMlp => {
                 self.tensor("act", Role::Scratch, s.t * s.f, Store::F32, s.f)?;
                 self.tensor("out", Role::Output, s.t * s.h, Store::F32, s.h)?;
-                self.dense_mlp();
+                self.dense_mlp()?;
             }
             Op::LmHeadRow => {
                 self.tensor("out", Role::Output, s.v, Store::F32, 1)?;

@@ -270,7 +270,7 @@ impl Emitter<'_> {
     }
 
     /// The dense MLP: gate/up rows into `act`, then down rows.
-    pub(super) fn dense_mlp(&mut self) {
+    pub(super) fn dense_mlp(&mut self) -> Result<(), WgslError> {
         let s = self.s;
         let (f, h) = (s.f, s.h);
         let gate = self.part("gate", "x");
@@ -295,16 +295,32 @@ impl Emitter<'_> {
         let term = SegCall::group(&down, ["i".to_string(), format!("t * {f}u")]);
         let red = self.reduce(&segs, &[term]);
         let cols = self.columns(DimName::H, h);
+        // The output gate: one thread per token adds x[t] . output_gate in order, then sigmoid.
+        let scale = match self.k.output_gate {
+            true => {
+                let gate = format!(
+                    "    let t = i;\n    \
+                     var z = 0.0;\n    \
+                     for (var k = 0u; k < {h}u; k++) {{ z += ld_x_0(t * {h}u + k) * ld_output_gate_0(k); }}\n    \
+                     scale_0[t] = 1.0 / (1.0 + exp(-z));\n"
+                );
+                self.tensor("scale", Role::Scratch, s.t, Store::F32, 1)?;
+                self.elementwise("output_gate", s.t, &gate);
+                " * scale_0[t]"
+            }
+            false => "",
+        };
         for (b, &(i0, i1)) in cols.iter().enumerate() {
             let w = i1 - i0;
             let body = format!(
                 "    let i = {i0}u + row % {w}u;\n    \
                  let t = row / {w}u;\n    \
                  var acc = 0.0;\n{red}    \
-                 if (lid == 0u) {{ out_0[t * {h}u + i] = acc; }}\n"
+                 if (lid == 0u) {{ out_0[t * {h}u + i] = acc{scale}; }}\n"
             );
             self.entry(&entry_name("down", b, cols.len()), s.t * w, &body);
         }
+        Ok(())
     }
 
     /// The LM head on the final row: one workgroup per vocabulary row, then the softcap.
