@@ -182,6 +182,18 @@ pub struct Task {
     pub output_gate: bool,
 }
 
+impl Task {
+    /// What `k` computes: its op, activation, biases and output gate.
+    pub fn of(k: &Kernel) -> Task {
+        Task {
+            op: k.op,
+            activation: k.activation,
+            bias: k.bias,
+            output_gate: k.output_gate,
+        }
+    }
+}
+
 impl From<Op> for Task {
     fn from(op: Op) -> Self {
         Task {

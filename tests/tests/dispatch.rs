@@ -646,3 +646,31 @@ fn an_output_gate_is_served_only_when_asked_for() {
         "{why}"
     );
 }
+
+/// Asked for what each built-in spec computes, at its own sizes, dispatch picks a spec that
+/// computes the same function (op, activation and its parameters, biases, output gate).
+#[test]
+fn dispatch_serves_each_specs_function_with_that_function() {
+    for entry in specs::all() {
+        let k = entry.ir();
+        let shape = moek_kernels::geometry::real_shape(k);
+        let task = dispatch::Task::of(k);
+        let c = dispatch::choose(
+            specs::all(),
+            &Backend::cpu(),
+            task,
+            k.dtypes[0],
+            &shape,
+            None,
+        )
+        .unwrap_or_else(|e| panic!("{}: nothing serves its own function: {e}", k.name));
+        let chosen = specs::all().iter().find(|e| e.name() == c.kernel).unwrap();
+        assert_eq!(
+            dispatch::Task::of(chosen.ir()),
+            task,
+            "{} -> {}",
+            k.name,
+            c.kernel
+        );
+    }
+}

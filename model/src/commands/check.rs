@@ -79,7 +79,10 @@ pub fn run(require: &[String], filter: Option<&str>, full: bool) -> Result<ExitC
                     .then(|| testing::cpu_driver_shape(backend.target, &shape))
                     .flatten();
                 let shape = cut.unwrap_or(shape);
-                let chosen = dispatch::choose(specs::all(), backend, k.op, dtype, &shape, None)
+                // What dispatch serves a caller asking for this spec's function (op, activation,
+                // biases, output gate) at this size.
+                let task = dispatch::Task::of(k);
+                let chosen = dispatch::choose(specs::all(), backend, task, dtype, &shape, None)
                     .map_or_else(|e| format!("none ({e})"), |c| c.kernel);
                 let report = match cases.run(entry, backend.target, dtype, &shape, seed) {
                     Ok(report) => report,
