@@ -48,7 +48,7 @@ impl Emitter<'_> {
     }
 
     /// Gathered gate/up: one workgroup per (token, route, column) writes
-    /// `act(gate) * up` to `dst[t, r, j]`.
+    /// `gated(gate + bias, up + bias)` to `dst[t, r, j]` (biases where the spec has them).
     pub(super) fn gather_gate_up(&mut self, phase: Phase, dst: &str) {
         let s = self.s;
         let (f, h) = (s.f, s.h);
