@@ -280,18 +280,10 @@ fn the_tight_swiglu_cases_cross_the_clamp() {
         limit: 1e6,
         alpha: 1.702,
     };
-    let (mut diff2, mut ref2) = (0f64, 0f64);
-    for row in 0..shape.t {
-        let tight = case.reference_row(k.ir().activation, row);
-        let smooth = case.reference_row(loose, row);
-        diff2 += tight
-            .iter()
-            .zip(&smooth)
-            .map(|(a, b)| (a - b).powi(2))
-            .sum::<f64>();
-        ref2 += tight.iter().map(|a| a * a).sum::<f64>();
-    }
-    let rel = (diff2 / ref2).sqrt();
+    let rel = rel_l2(
+        &reference(&case, loose),
+        &reference(&case, k.ir().activation),
+    );
     assert!(
         rel > 0.05,
         "the clamp changes the reference by only {rel:e}"
@@ -326,12 +318,7 @@ fn the_biases_change_the_reference() {
     );
     let mut case = Case::<bf16>::new(Op::ExpertFfn, shape, 3);
     let act = Activation::Silu;
-    let rows = |case: &Case<bf16>| -> Vec<f64> {
-        (0..shape.t)
-            .flat_map(|t| case.reference_row(act, t))
-            .collect()
-    };
-    let plain = rows(&case);
+    let plain = reference(&case, act);
     for bias in [
         Bias {
             gate_up: true,
@@ -343,14 +330,7 @@ fn the_biases_change_the_reference() {
         },
     ] {
         case.bias = bias;
-        let biased = rows(&case);
-        let diff: f64 = plain
-            .iter()
-            .zip(&biased)
-            .map(|(a, b)| (a - b).powi(2))
-            .sum();
-        let norm: f64 = plain.iter().map(|a| a * a).sum();
-        let rel = (diff / norm).sqrt();
+        let rel = rel_l2(&reference(&case, act), &plain);
         assert!(rel > 0.1, "{bias}: the reference moves by only {rel:e}");
     }
 }
@@ -364,19 +344,25 @@ fn the_output_gate_changes_the_reference() {
         &moek_kernels::testing::SMALL,
     );
     let mut case = Case::<bf16>::new(Op::DenseMlp, shape, 5);
-    let rows = |case: &Case<bf16>| -> Vec<f64> {
-        (0..shape.t)
-            .flat_map(|t| case.reference_row(Activation::Silu, t))
-            .collect()
-    };
-    let plain = rows(&case);
+    let plain = reference(&case, Activation::Silu);
     case.output_gate = true;
-    let gated = rows(&case);
-    let diff: f64 = plain.iter().zip(&gated).map(|(a, b)| (a - b).powi(2)).sum();
-    let norm: f64 = plain.iter().map(|a| a * a).sum();
-    let rel = (diff / norm).sqrt();
+    let rel = rel_l2(&reference(&case, Activation::Silu), &plain);
     assert!(
         rel > 0.2,
         "the output gate moves the reference by only {rel:e}"
     );
+}
+
+/// Every output row of `case`'s reference for activation `act`, in row order.
+fn reference(case: &Case<bf16>, act: Activation) -> Vec<f64> {
+    (0..case.rows().0)
+        .flat_map(|row| case.reference_row(act, row))
+        .collect()
+}
+
+/// `|a - reference| / |reference|` in L2.
+fn rel_l2(a: &[f64], reference: &[f64]) -> f64 {
+    let diff: f64 = a.iter().zip(reference).map(|(a, b)| (a - b).powi(2)).sum();
+    let norm: f64 = reference.iter().map(|b| b * b).sum();
+    (diff / norm).sqrt()
 }
