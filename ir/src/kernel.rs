@@ -200,6 +200,12 @@ pub enum DType {
     F16,
     Bf16,
     F32,
+    /// Weights in llama.cpp's Q8_0 blocks ([`crate::quant`]), activations in f32.
+    #[serde(rename = "q8_0")]
+    Q8_0,
+    /// Weights in llama.cpp's Q4_0 blocks ([`crate::quant`]), activations in f32.
+    #[serde(rename = "q4_0")]
+    Q4_0,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -438,7 +444,7 @@ macro_rules! names {
 
 names!(Op { GateUp => "gate_up", Down => "down", ExpertFfn => "expert_ffn", DenseMlp => "dense_mlp", LmHeadRow => "lm_head_row" });
 names!(DimName { T => "T", R => "R", E => "E", H => "H", F => "F", V => "V" });
-names!(DType { F16 => "f16", Bf16 => "bf16", F32 => "f32" });
+names!(DType { F16 => "f16", Bf16 => "bf16", F32 => "f32", Q8_0 => "q8_0", Q4_0 => "q4_0" });
 names!(Target { Cpu => "cpu", Wgpu => "wgpu", Spyre => "spyre" });
 names!(Capability {
     IndexedSelectionLayout => "indexed_selection_layout",
@@ -524,11 +530,35 @@ impl Op {
 }
 
 impl DType {
-    /// Bytes per element in device memory.
+    /// Bytes per element in device memory, for the plain dtypes (a quantized weight's storage is
+    /// [`DType::block_bytes`] per block of [`crate::quant::BLOCK`]).
     pub fn bytes(self) -> usize {
         match self {
             DType::F16 | DType::Bf16 => 2,
             DType::F32 => 4,
+            DType::Q8_0 | DType::Q4_0 => unreachable!("{self} stores blocks, not elements"),
+        }
+    }
+
+    /// Whether weights of this dtype are stored in quantized blocks.
+    pub fn is_quantized(self) -> bool {
+        matches!(self, DType::Q8_0 | DType::Q4_0)
+    }
+
+    /// Bytes one block of a quantized dtype takes (scale included); `None` for the plain ones.
+    pub fn block_bytes(self) -> Option<usize> {
+        match self {
+            DType::Q8_0 => Some(std::mem::size_of::<crate::quant::BlockQ8_0>()),
+            DType::Q4_0 => Some(std::mem::size_of::<crate::quant::BlockQ4_0>()),
+            _ => None,
+        }
+    }
+
+    /// The dtype activations are in: f32 beside quantized weights, else the dtype itself.
+    pub fn activation(self) -> DType {
+        match self.is_quantized() {
+            true => DType::F32,
+            false => self,
         }
     }
 }

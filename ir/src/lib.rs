@@ -1,6 +1,7 @@
 //! What a validated kernel spec is, and what its emitters produce for the backends, as plain data:
 //! the IR ([`kernel`], re-exported at the root), the op table of tensors ([`tensors`]), the f64
 //! reference semantics of every op ([`reference`]), the tolerance table ([`tolerance`]), the
+//! block-quantized weight formats ([`quant`]), the
 //! Spyre program format ([`spyre`]) and device plans ([`plan`]).
 //!
 //! This crate parses nothing (no syn): the proc-macro core (`moek-dsl`) builds these types from
@@ -8,6 +9,7 @@
 
 pub mod kernel;
 pub mod plan;
+pub mod quant;
 pub mod reference;
 pub mod spyre;
 pub mod tensors;

@@ -9,6 +9,10 @@
 //!   `u / sqrt(3)` in relative L2 after the down sum over F random terms;
 //! - the device's own number format (DL16 on Spyre, 9 fraction bits: u = 2^-10) once that lands.
 //!
+//! - beside block-quantized weights, the activation quantized to 8 bits per block of 32 (the CPU
+//!   variant's integer dot products, as llama.cpp does): each value moves by at most half a step,
+//!   `amax / 254` of its block, see [`tolerance`].
+//!
 //! Limits are 8 u for relative L2 and 32 u (of the output's largest magnitude) for max abs: a
 //! wrong block, a dropped route or a missed column shifts results by O(1), orders of magnitude
 //! beyond both, while honest rounding stays well inside. NaN never passes.
@@ -31,6 +35,9 @@ pub fn unit_roundoff(d: DType) -> f64 {
         DType::F32 => 2f64.powi(-24),
         DType::F16 => 2f64.powi(-11),
         DType::Bf16 => 2f64.powi(-8),
+        // Beside quantized weights, an activation quantized to i8 per block: half a step is
+        // 1/254 of the block's largest magnitude.
+        DType::Q8_0 | DType::Q4_0 => 1.0 / 254.0,
     }
 }
 
@@ -42,6 +49,18 @@ pub fn tolerance(dtype: DType) -> Tolerance {
         DType::F32 => Tolerance {
             rel_l2: 1e-5,
             max_abs: 4e-5,
+        },
+        // The reference dequantizes the weights exactly, so what remains is the activation's
+        // rounding to 8 bits per block of 32 (twice in an expert FFN: `x`, then the gated
+        // activation before `down`). Each value moves by at most `u = amax / 254` of its block,
+        // uniformly, so by about `u / sqrt(3)` relative to the block's largest value, and a sum of
+        // such errors over random weights stays in that proportion to the output: about 2 u for
+        // blocks whose largest value is 2-3x their RMS, in each of the two phases (measured:
+        // docs/numerics.md). Limits 4 u in relative L2 and 16 u of the largest output in max
+        // abs; a wrong block's scale or a swapped nibble moves outputs by O(1) of their scale.
+        DType::Q8_0 | DType::Q4_0 => Tolerance {
+            rel_l2: 4.0 * unit_roundoff(dtype),
+            max_abs: 16.0 * unit_roundoff(dtype),
         },
         d => Tolerance {
             rel_l2: 8.0 * unit_roundoff(d),

@@ -284,6 +284,73 @@ pub(crate) unsafe fn read_chunk(words: &[u64]) -> u64 {
     crate::bandwidth::read_chunk_each(words)
 }
 
+/// The 8 i32 lane sums of `w . x` over 32 signed bytes (`|w|` as unsigned times `x` with `w`'s
+/// sign, `vpmaddubsw`, then pairs of i16 added by `vpmaddwd`), as f32. Exact: `|w|, |x| <= 128`
+/// and `x != -128` keep every i16 pair sum within range.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn mul_sum_i8(w: __m256i, x: __m256i) -> __m256 {
+    let dot = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(dot, _mm256_set1_epi16(1)))
+}
+
+/// [`crate::quant::QuantBlock::dot_avx2`] for Q8_0: each block's scaled lane sums fused into
+/// one 8-lane accumulator in block order, then the lanes reduced by the fixed tree.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q8_0(
+    w: &[moek_ir::quant::BlockQ8_0],
+    xd: &[f32],
+    xq: &[i8],
+    ahead: usize,
+) -> f32 {
+    assert!(xd.len() >= w.len() && xq.len() >= w.len() * 32);
+    let mut acc = _mm256_setzero_ps();
+    for (b, blk) in w.iter().enumerate() {
+        let p: *const u8 = (blk as *const moek_ir::quant::BlockQ8_0).cast();
+        crate::memory::prefetch(p.wrapping_add(ahead));
+        // SAFETY: a block holds 32 bytes of values; `xq` holds 32 per block (asserted).
+        let (wv, xv) = unsafe {
+            (
+                _mm256_loadu_si256(blk.qs.as_ptr().cast()),
+                _mm256_loadu_si256(xq.as_ptr().add(b * 32).cast()),
+            )
+        };
+        let d = _mm256_set1_ps(crate::element::f16_to_f32(blk.d) * xd[b]);
+        acc = _mm256_fmadd_ps(d, mul_sum_i8(wv, xv), acc);
+    }
+    reduce(acc)
+}
+
+/// [`crate::quant::QuantBlock::dot_avx2`] for Q4_0: the 16 bytes of nibbles spread to 32 bytes
+/// (low nibbles are values 0..16, high ones 16..32), less 8, then as Q8_0.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_q4_0(
+    w: &[moek_ir::quant::BlockQ4_0],
+    xd: &[f32],
+    xq: &[i8],
+    ahead: usize,
+) -> f32 {
+    assert!(xd.len() >= w.len() && xq.len() >= w.len() * 32);
+    let (low, eight) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(8));
+    let mut acc = _mm256_setzero_ps();
+    for (b, blk) in w.iter().enumerate() {
+        let p: *const u8 = (blk as *const moek_ir::quant::BlockQ4_0).cast();
+        crate::memory::prefetch(p.wrapping_add(ahead));
+        // SAFETY: a block holds 16 bytes of nibbles; `xq` holds 32 per block (asserted).
+        let (packed, xv) = unsafe {
+            (
+                _mm_loadu_si128(blk.qs.as_ptr().cast()),
+                _mm256_loadu_si256(xq.as_ptr().add(b * 32).cast()),
+            )
+        };
+        let both = _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed);
+        let wv = _mm256_sub_epi8(_mm256_and_si256(both, low), eight);
+        let d = _mm256_set1_ps(crate::element::f16_to_f32(blk.d) * xd[b]);
+        acc = _mm256_fmadd_ps(d, mul_sum_i8(wv, xv), acc);
+    }
+    reduce(acc)
+}
+
 /// GEMM `c += a . b^T` as f32 FMA tiles over widened operands (see [`crate::gemm`]).
 pub(crate) mod gemm {
     use super::*;

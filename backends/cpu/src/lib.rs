@@ -17,6 +17,7 @@ pub mod gemm;
 pub mod isa;
 pub mod memory;
 pub mod pool;
+pub mod quant;
 pub mod schedule;
 pub mod scratch;
 
@@ -27,6 +28,7 @@ pub use element::Element;
 pub use gemm::gemm_nt;
 pub use isa::{Isa, isa};
 pub use pool::on_pool;
+pub use quant::{QuantizedActivation, Weight};
 pub use schedule::{
     Grid, SharedOut, clip, dense_routes, gather_rows_into, group_by_expert, matvec_segments, part,
 };
