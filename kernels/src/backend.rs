@@ -3,7 +3,7 @@
 //! how it binds inputs and runs a variant), and [`run`], the one place a target picks its runtime.
 
 use crate::dispatch::Backend;
-use crate::elem::Elem;
+use crate::elem::{Elem, QuantElem};
 use crate::inputs::Inputs;
 use crate::registry::KernelEntry;
 use moek_ir::reference::Shape;
@@ -311,7 +311,46 @@ pub fn run<W: Elem>(
     inputs: &Inputs<'_, W>,
     out: &mut [f32],
 ) -> Result<Ran, String> {
-    // A spec computes its biases or none: inputs with other biases are another function.
+    same_optional_tensors(entry, inputs)?;
+    match backend.target {
+        Target::Cpu => Cpu::run(backend, entry, shape, inputs, out),
+        Target::Spyre => Spyre::run(backend, entry, shape, inputs, out),
+        Target::Wgpu => Wgpu::run(backend, entry, shape, inputs, out),
+    }
+}
+
+/// Runs `entry`'s variant for weights in blocks of `Q` (beside f32 activations): a CPU variant
+/// (the checker refuses quantized dtypes on the other targets).
+pub fn run_quantized<Q: QuantElem>(
+    backend: &Backend,
+    entry: &KernelEntry,
+    shape: &Shape,
+    inputs: &Inputs<'_, Q, f32>,
+    out: &mut [f32],
+) -> Result<Ran, String> {
+    same_optional_tensors(entry, inputs)?;
+    let f = (backend.target == Target::Cpu)
+        .then(|| Q::cpu_fn(&entry.cpu))
+        .flatten()
+        .ok_or_else(|| {
+            format!(
+                "`{}` has no {} variant for {} in this build",
+                entry.name(),
+                backend.target,
+                Q::DTYPE
+            )
+        })?;
+    Ok(Ran {
+        argmax: f(shape, inputs, out),
+        ..Ran::default()
+    })
+}
+
+/// A spec computes its biases and output gate or none: inputs with others are another function.
+fn same_optional_tensors<W: moek_ir::quant::Packed, A: bytemuck::Pod>(
+    entry: &KernelEntry,
+    inputs: &Inputs<'_, W, A>,
+) -> Result<(), String> {
     let (spec, given) = (entry.ir().bias, inputs.bias());
     if spec != given {
         return Err(format!(
@@ -335,11 +374,7 @@ pub fn run<W: Elem>(
             },
         ));
     }
-    match backend.target {
-        Target::Cpu => Cpu::run(backend, entry, shape, inputs, out),
-        Target::Spyre => Spyre::run(backend, entry, shape, inputs, out),
-        Target::Wgpu => Wgpu::run(backend, entry, shape, inputs, out),
-    }
+    Ok(())
 }
 
 /// Whether this build has `target` ([`Runtime::compiled`]).

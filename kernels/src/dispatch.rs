@@ -6,9 +6,10 @@
 //! error returned before anything is computed or written.
 
 use crate::backend;
-use crate::elem::Elem;
+use crate::elem::{Elem, QuantElem};
 use crate::inputs::{InputError, Inputs};
 use crate::registry::KernelEntry;
+use moek_ir::quant::Packed;
 use moek_ir::reference::Shape;
 use moek_ir::{Activation, Bias, Capability, DType, Kernel, Op, Target};
 use std::fmt;
@@ -435,6 +436,58 @@ pub fn run_task<W: Elem>(
     out: &mut [f32],
     requested: Option<&str>,
 ) -> Result<(Choice, backend::Ran), DispatchError> {
+    let (choice, entry) = prepare(
+        entries,
+        backend,
+        task,
+        W::DTYPE,
+        shape,
+        inputs,
+        out,
+        requested,
+    )?;
+    let ran = backend::run(backend, entry, shape, inputs, out).map_err(DispatchError::Backend)?;
+    Ok((choice, ran))
+}
+
+/// [`run_task`] for weights in blocks of `Q` beside f32 activations (the quantized dtypes).
+pub fn run_quantized<Q: QuantElem>(
+    entries: &[KernelEntry],
+    backend: &Backend,
+    task: Task,
+    shape: &Shape,
+    inputs: &Inputs<'_, Q, f32>,
+    out: &mut [f32],
+    requested: Option<&str>,
+) -> Result<(Choice, backend::Ran), DispatchError> {
+    let (choice, entry) = prepare(
+        entries,
+        backend,
+        task,
+        Q::DTYPE,
+        shape,
+        inputs,
+        out,
+        requested,
+    )?;
+    let ran = backend::run_quantized(backend, entry, shape, inputs, out)
+        .map_err(DispatchError::Backend)?;
+    Ok((choice, ran))
+}
+
+/// The choice for `task` and its entry, with the inputs validated: everything before a variant
+/// runs, so a refusal leaves `out` untouched.
+#[allow(clippy::too_many_arguments)]
+fn prepare<'e, W: Packed, A: bytemuck::Pod>(
+    entries: &'e [KernelEntry],
+    backend: &Backend,
+    task: Task,
+    dtype: DType,
+    shape: &Shape,
+    inputs: &Inputs<'_, W, A>,
+    out: &[f32],
+    requested: Option<&str>,
+) -> Result<(Choice, &'e KernelEntry), DispatchError> {
     assert_eq!(task.op, inputs.op(), "a task runs on its own op's inputs");
     assert_eq!(
         task.bias,
@@ -446,12 +499,11 @@ pub fn run_task<W: Elem>(
         inputs.output_gate(),
         "a task names the output gate its inputs carry"
     );
-    let choice = choose(entries, backend, task, W::DTYPE, shape, requested)?;
+    let choice = choose(entries, backend, task, dtype, shape, requested)?;
     inputs.validate(shape, out.len())?;
     let entry = entries
         .iter()
         .find(|e| e.name() == choice.kernel)
         .expect("chosen from entries");
-    let ran = backend::run(backend, entry, shape, inputs, out).map_err(DispatchError::Backend)?;
-    Ok((choice, ran))
+    Ok((choice, entry))
 }

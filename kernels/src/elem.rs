@@ -1,13 +1,15 @@
-//! The storage dtypes kernels run on, tied to their IR names and function tables.
+//! The storage dtypes kernels run on, tied to their IR names and function tables: the plain
+//! ones ([`Elem`]) and the block-quantized weights ([`QuantElem`]).
 
 use crate::registry::{CpuFn, CpuFns};
 use half::{bf16, f16};
 use moek_ir::DType;
+use moek_ir::quant::{BlockQ4_0, BlockQ8_0, Packed, Quantized};
 use moek_ir::reference::Real;
 
 /// f16, bf16 or f32: a storage dtype with its IR name and its slot in a spec's function table.
 pub trait Elem:
-    Copy + Default + Send + Sync + PartialEq + std::fmt::Debug + Real + bytemuck::Pod + 'static
+    Copy + Default + Send + Sync + PartialEq + std::fmt::Debug + Real + Packed + 'static
 {
     const DTYPE: DType;
     fn from_f32(v: f32) -> Self;
@@ -53,5 +55,23 @@ impl Elem for f32 {
     }
     fn cpu_fn(fns: &CpuFns) -> Option<CpuFn<Self>> {
         fns.f32
+    }
+}
+
+/// A block-quantized weight format ([`moek_ir::quant`]) with its slot in a spec's function
+/// table; its variants take f32 activations.
+pub trait QuantElem: Quantized + Packed {
+    fn cpu_fn(fns: &CpuFns) -> Option<CpuFn<Self, f32>>;
+}
+
+impl QuantElem for BlockQ8_0 {
+    fn cpu_fn(fns: &CpuFns) -> Option<CpuFn<Self, f32>> {
+        fns.q8_0
+    }
+}
+
+impl QuantElem for BlockQ4_0 {
+    fn cpu_fn(fns: &CpuFns) -> Option<CpuFn<Self, f32>> {
+        fns.q4_0
     }
 }

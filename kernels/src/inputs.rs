@@ -2,6 +2,7 @@
 //! each tensor is (name, shape, element class) is the op table, [`moek_ir::tensors`]; this
 //! module binds host slices to it.
 
+use moek_ir::quant::Packed;
 use moek_ir::reference::Biases;
 use moek_ir::reference::Shape;
 use moek_ir::tensors::ElemClass;
@@ -10,8 +11,9 @@ use moek_ir::{Bias, Op};
 use thiserror::Error;
 
 /// An op's inputs, row-major, in the checkpoint's own layouts: weights in `W`, activations in
-/// `A` (the op table's two element classes). Every variant generated today takes `A = W`, the
-/// default; a weight dtype whose activations differ (block-quantized weights) names both.
+/// `A` (the op table's two element classes). Plain dtypes take `A = W`, the default;
+/// block-quantized weights (`W` a block of [`moek_ir::quant`]) come beside f32 activations, and
+/// a weight slice then holds blocks, a row's values `BLOCK` to a block.
 #[derive(Clone, Copy, Debug)]
 pub enum Inputs<'a, W, A = W> {
     /// `x [T, H]`, `idx [T, R]`, `gate_up [E, 2F, H]` (gate rows first).
@@ -125,9 +127,18 @@ pub enum InputError {
     Output { expected: usize, got: usize },
     #[error("`{op}` needs T >= 1")]
     Empty { op: Op },
+    #[error(
+        "tensor `{tensor}` is stored in blocks of {block} values, but its rows are {row} values long ({shape})"
+    )]
+    Blocks {
+        tensor: &'static str,
+        row: usize,
+        block: usize,
+        shape: String,
+    },
 }
 
-impl<'a, W: bytemuck::Pod, A: bytemuck::Pod> Inputs<'a, W, A> {
+impl<'a, W: Packed, A: bytemuck::Pod> Inputs<'a, W, A> {
     pub fn op(&self) -> Op {
         match self {
             Inputs::GateUp { .. } => Op::GateUp,
@@ -234,7 +245,20 @@ impl<'a, W: bytemuck::Pod, A: bytemuck::Pod> Inputs<'a, W, A> {
             "Inputs::bound follows the op table"
         );
         for (def, t) in defs.iter().zip(&bound) {
-            let expected = def.len(s);
+            // Weights may be stored in blocks of values (quantized): rows are whole blocks.
+            let per = match t {
+                Bound::Weight(_) => W::VALUES,
+                _ => 1,
+            };
+            if def.row_len(s) % per != 0 {
+                return Err(InputError::Blocks {
+                    tensor: def.name,
+                    row: def.row_len(s),
+                    block: per,
+                    shape: describe(self.op(), s),
+                });
+            }
+            let expected = def.len(s) / per;
             if t.len() != expected {
                 return Err(InputError::Length {
                     tensor: def.name,

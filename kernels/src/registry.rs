@@ -3,10 +3,12 @@
 use crate::inputs::Inputs;
 use half::{bf16, f16};
 use moek_ir::Kernel;
+use moek_ir::quant::{BlockQ4_0, BlockQ8_0};
 use moek_ir::reference::Shape;
 
-/// A compiled CPU variant for one dtype. Returns the argmax for `lm_head_row`, `None` otherwise.
-pub type CpuFn<W> = fn(&Shape, &Inputs<'_, W>, &mut [f32]) -> Option<u32>;
+/// A compiled CPU variant for one dtype: weights stored as `W`, activations in `A`. Returns the
+/// argmax for `lm_head_row`, `None` otherwise.
+pub type CpuFn<W, A = W> = fn(&Shape, &Inputs<'_, W, A>, &mut [f32]) -> Option<u32>;
 
 /// One CPU variant per dtype the spec declares (`None` for the others, or when `cpu` is off).
 #[derive(Clone, Copy, Debug)]
@@ -14,6 +16,10 @@ pub struct CpuFns {
     pub f16: Option<CpuFn<f16>>,
     pub bf16: Option<CpuFn<bf16>>,
     pub f32: Option<CpuFn<f32>>,
+    /// Q8_0 weights beside f32 activations.
+    pub q8_0: Option<CpuFn<BlockQ8_0, f32>>,
+    /// Q4_0 weights beside f32 activations.
+    pub q4_0: Option<CpuFn<BlockQ4_0, f32>>,
 }
 
 impl CpuFns {
@@ -21,6 +27,8 @@ impl CpuFns {
         f16: None,
         bf16: None,
         f32: None,
+        q8_0: None,
+        q4_0: None,
     };
 }
 

@@ -206,6 +206,42 @@ kernel! {
         cores:      R = 8;
     }
 
+    /// The blocked expert FFN with Q8_0 or Q4_0 expert weights (f32 activations) at the
+    /// 26B-A4B's H and F, any E and T: the blocked decode schedule (H in 4 x 704, down in
+    /// 1024/1024/768 columns, eight route owners), each product an integer dot over 32-value
+    /// blocks. 704 is 22 blocks, so every reduction block is whole blocks.
+    pub expert_ffn_blocked_quantized = expert_ffn {
+        dims:            T, R = 8, E, H = 2816, F = 704;
+        dtypes:          q8_0, q4_0;
+        targets:         cpu;
+        select:          gather E by R;
+        reduce:          H = 704 x 4;
+        columns:         H = [1024, 1024, 768];
+        cores(gate_up):  R = 8;
+        cores(down):     R = 8;
+        requires:        indexed_selection_layout;
+    }
+
+    /// The general expert FFN for quantized expert weights, any size whose rows are whole
+    /// blocks of 32.
+    pub general_expert_ffn_gather_quantized = expert_ffn {
+        dims:       T, R, E, H, F;
+        dtypes:     q8_0, q4_0;
+        targets:    cpu;
+        select:     gather E by R;
+        cores:      R = 8;
+    }
+
+    /// The general quantized expert FFN with SiLU experts (Qwen3-MoE, Mixtral, DeepSeek).
+    pub general_expert_ffn_gather_quantized_silu = expert_ffn {
+        dims:       T, R, E, H, F;
+        dtypes:     q8_0, q4_0;
+        targets:    cpu;
+        activation: silu;
+        select:     gather E by R;
+        cores:      R = 8;
+    }
+
     /// The general decode fallback with gpt-oss's clamped SwiGLU experts: gate clamped above
     /// at the limit, up to +-limit, `g sigmoid(alpha g) (u + 1)`.
     pub general_expert_ffn_gather_swiglu = expert_ffn {
@@ -321,6 +357,9 @@ pub fn all() -> &'static [KernelEntry] {
             general_expert_ffn_gather::entry(),
             general_expert_ffn_grouped::entry(),
             general_expert_ffn_gather_silu::entry(),
+            expert_ffn_blocked_quantized::entry(),
+            general_expert_ffn_gather_quantized::entry(),
+            general_expert_ffn_gather_quantized_silu::entry(),
             general_expert_ffn_gather_swiglu::entry(),
             general_expert_ffn_gather_swiglu_biased::entry(),
             general_expert_ffn_grouped_silu::entry(),

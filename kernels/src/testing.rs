@@ -9,10 +9,11 @@
 
 pub use crate::backend::Modeled;
 use crate::backend::{self, Ran};
-use crate::elem::Elem;
+use crate::elem::{Elem, QuantElem};
 use crate::inputs::{Inputs, output_len};
 use crate::registry::KernelEntry;
 use half::{bf16, f16};
+use moek_ir::quant::{self, BlockQ4_0, BlockQ8_0};
 use moek_ir::reference::{self, Biases, Shape};
 use moek_ir::tensors::{DOWN_BIAS, GATE_UP_BIAS, TensorDef, TensorRole};
 use moek_ir::tolerance::{Deviation, Tolerance};
@@ -148,12 +149,21 @@ pub fn admits(k: &Kernel, shape: &Shape) -> bool {
         .all(|&d| k.dim(d).is_none_or(|dim| dim.admits(shape.dim(d))))
 }
 
-/// The problem a spec runs on: its fixed sizes, and `free`'s for its free dims.
+/// The problem a spec runs on: its fixed sizes, and `free`'s for its free dims (H and F
+/// rounded up to whole blocks where the spec has quantized weights, whose rows are blocks).
 pub fn shape_for(k: &Kernel, free: &Shape) -> Shape {
+    let block = match k.dtypes.iter().any(|d| d.is_quantized()) {
+        true => quant::BLOCK,
+        false => 1,
+    };
     let pick = |d: DimName, dflt: usize| match k.dim(d) {
-        Some(dim) => dim
-            .size
-            .unwrap_or_else(|| dflt.max(dim.min).min(dim.max.unwrap_or(usize::MAX))),
+        Some(dim) => dim.size.unwrap_or_else(|| {
+            let dflt = match d {
+                DimName::H | DimName::F => dflt.next_multiple_of(block),
+                _ => dflt,
+            };
+            dflt.max(dim.min).min(dim.max.unwrap_or(usize::MAX))
+        }),
         None => dflt,
     };
     let has = |d: DimName| k.op.dims().contains(&d);
@@ -220,6 +230,9 @@ pub struct Report {
     pub modeled: Option<Modeled>,
     /// Deviation from the spec's CPU variant on the same inputs (wgpu runs, every element).
     pub versus_cpu: Option<Deviation>,
+    /// For quantized weights: the reference on them against the reference on the bf16 weights
+    /// they were quantized from (the format's own error, which the tolerance does not cover).
+    pub quantization: Option<Deviation>,
 }
 
 impl Report {
@@ -257,6 +270,9 @@ impl std::fmt::Display for Report {
         if let Some(d) = &self.versus_cpu {
             write!(f, "; versus the CPU variant: {d}")?;
         }
+        if let Some(d) = &self.quantization {
+            write!(f, "; the weights' quantization itself: {d}")?;
+        }
         Ok(())
     }
 }
@@ -270,21 +286,40 @@ pub fn run_seeds(
     shape: &Shape,
     seeds: &[u64],
 ) -> Vec<Report> {
-    match dtype {
-        DType::F16 => run_typed::<f16>(entry, target, shape, seeds),
-        DType::Bf16 => run_typed::<bf16>(entry, target, shape, seeds),
-        DType::F32 => run_typed::<f32>(entry, target, shape, seeds),
-    }
-}
-
-fn run_typed<W: Elem>(
-    entry: &KernelEntry,
-    target: Target,
-    shape: &Shape,
-    seeds: &[u64],
-) -> Vec<Report> {
-    let mut case = Case::<W>::new(entry.ir().op, *shape, seeds[0]);
-    run_case(entry, target, &mut case, seeds).unwrap_or_else(|e| panic!("{e}"))
+    let op = entry.ir().op;
+    let ran = match dtype {
+        DType::F16 => run_case(
+            entry,
+            target,
+            &mut Case::<f16>::new(op, *shape, seeds[0]),
+            seeds,
+        ),
+        DType::Bf16 => run_case(
+            entry,
+            target,
+            &mut Case::<bf16>::new(op, *shape, seeds[0]),
+            seeds,
+        ),
+        DType::F32 => run_case(
+            entry,
+            target,
+            &mut Case::<f32>::new(op, *shape, seeds[0]),
+            seeds,
+        ),
+        DType::Q8_0 => run_case(
+            entry,
+            target,
+            &mut QuantCase::<BlockQ8_0>::new(op, *shape, seeds[0]),
+            seeds,
+        ),
+        DType::Q4_0 => run_case(
+            entry,
+            target,
+            &mut QuantCase::<BlockQ4_0>::new(op, *shape, seeds[0]),
+            seeds,
+        ),
+    };
+    ran.unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Cases kept between runs, so that every backend and every spec of one op and shape run on
@@ -320,13 +355,15 @@ impl Cases {
         seed: u64,
     ) -> Result<Report, String> {
         match dtype {
-            DType::F16 => self.run_typed::<f16>(entry, target, shape, seed),
-            DType::Bf16 => self.run_typed::<bf16>(entry, target, shape, seed),
-            DType::F32 => self.run_typed::<f32>(entry, target, shape, seed),
+            DType::F16 => self.run_typed::<Case<f16>>(entry, target, shape, seed),
+            DType::Bf16 => self.run_typed::<Case<bf16>>(entry, target, shape, seed),
+            DType::F32 => self.run_typed::<Case<f32>>(entry, target, shape, seed),
+            DType::Q8_0 => self.run_typed::<QuantCase<BlockQ8_0>>(entry, target, shape, seed),
+            DType::Q4_0 => self.run_typed::<QuantCase<BlockQ4_0>>(entry, target, shape, seed),
         }
     }
 
-    fn run_typed<W: Elem>(
+    fn run_typed<C: Drawn + 'static>(
         &mut self,
         entry: &KernelEntry,
         target: Target,
@@ -334,20 +371,20 @@ impl Cases {
         seed: u64,
     ) -> Result<Report, String> {
         let op = entry.ir().op;
-        let key = (op, *shape, W::DTYPE, seed);
+        let key = (op, *shape, C::DTYPE, seed);
         let kept: (CaseKey, Box<dyn std::any::Any>) =
             match self.kept.iter().position(|(k, _)| *k == key) {
                 Some(at) => self.kept.remove(at),
                 None => {
                     // Dropped before the new one is drawn: at most KEEP cases exist at once.
                     self.kept.truncate(Self::KEEP - 1);
-                    (key, Box::new(Case::<W>::new(op, *shape, seed)))
+                    (key, Box::new(C::draw(op, *shape, seed)))
                 }
             };
         self.kept.insert(0, kept);
         let case = self.kept[0]
             .1
-            .downcast_mut::<Case<W>>()
+            .downcast_mut::<C>()
             .expect("the key names the dtype");
         run_case(entry, target, case, &[seed]).map(|mut r| r.remove(0))
     }
@@ -355,63 +392,289 @@ impl Cases {
 
 /// Runs `entry` on `case` once per seed (activations and routes redrawn from each); a backend
 /// that fails to run it (a device error, a program the simulator refuses) is an `Err`.
-fn run_case<W: Elem>(
+fn run_case<C: Drawn>(
     entry: &KernelEntry,
     target: Target,
-    case: &mut Case<W>,
+    case: &mut C,
     seeds: &[u64],
 ) -> Result<Vec<Report>, String> {
     let k = entry.ir();
-    let shape = case.shape;
+    let shape = *case.shape();
     let shape = &shape;
     seeds
         .iter()
         .map(|&seed| {
-            case.reseed(seed);
-            case.bias = k.bias;
-            case.output_gate = k.output_gate;
+            case.reseed_for(k, seed);
             let mut out = vec![f32::NAN; output_len(k.op, shape)];
-            let inputs = case.inputs();
-            inputs
-                .validate(shape, out.len())
-                .expect("the harness builds well-formed inputs");
             let start = Instant::now();
             let on = crate::Backend::of(target);
             let Ran {
                 argmax, modeled, ..
-            } = backend::run(&on, entry, shape, &inputs, &mut out)?;
+            } = case.run(&on, entry, &mut out)?;
             let seconds = start.elapsed().as_secs_f64();
             let (deviation, argmax_ok) = case.compare(k.activation, &out, argmax, seed);
             // A GPU variant is also held to the CPU variant of the same spec, element by element,
             // where that variant takes this shape (a spec's fixed sizes bind its CPU variant; a
             // WGSL program is emitted for whatever sizes it is run at).
             let versus_cpu = (target == Target::Wgpu && admits(k, shape))
-                .then(|| W::cpu_fn(&entry.cpu))
-                .flatten()
-                .map(|f| {
-                    let mut cpu = vec![f32::NAN; out.len()];
-                    f(shape, &inputs, &mut cpu);
-                    let want: Vec<f64> = cpu.iter().map(|&v| f64::from(v)).collect();
-                    Deviation::measure(&out, &want)
-                });
+                .then(|| case.versus_cpu(entry, &out))
+                .flatten();
             let (bytes, flops) = case.work();
             Ok(Report {
                 kernel: k.name.clone(),
                 target,
-                dtype: W::DTYPE,
+                dtype: C::DTYPE,
                 shape: crate::inputs::describe(k.op, shape),
                 seed,
                 deviation,
-                tolerance: backend::tolerance_of(target, W::DTYPE),
+                tolerance: backend::tolerance_of(target, C::DTYPE),
                 seconds,
                 bytes,
                 flops,
                 argmax_ok,
                 modeled,
                 versus_cpu,
+                quantization: case.quantization(k.activation, seed),
             })
         })
         .collect()
+}
+
+/// A drawn case as one dtype's variants read it: what the harness needs of it.
+pub trait Drawn {
+    const DTYPE: DType;
+    fn draw(op: Op, s: Shape, seed: u64) -> Self;
+    fn shape(&self) -> &Shape;
+    /// Fresh activations and routes from `seed`, and the optional tensors `k` computes.
+    fn reseed_for(&mut self, k: &Kernel, seed: u64);
+    /// Runs `entry`'s variant on these inputs (validated first).
+    fn run(&self, on: &crate::Backend, entry: &KernelEntry, out: &mut [f32])
+    -> Result<Ran, String>;
+    /// Deviation from the reference on a sample of rows ([`Case::compare`]).
+    fn compare(
+        &self,
+        act: Activation,
+        out: &[f32],
+        argmax: Option<u32>,
+        seed: u64,
+    ) -> (Deviation, bool);
+    /// The spec's CPU variant on the same inputs, measured against `out`.
+    fn versus_cpu(&self, entry: &KernelEntry, out: &[f32]) -> Option<Deviation>;
+    /// (weight bytes the op must read, flops).
+    fn work(&self) -> (f64, f64);
+    /// For quantized weights: how far the reference on them is from the reference on the
+    /// weights they were quantized from.
+    fn quantization(&self, _act: Activation, _seed: u64) -> Option<Deviation> {
+        None
+    }
+}
+
+impl<W: Elem> Drawn for Case<W> {
+    const DTYPE: DType = W::DTYPE;
+
+    fn draw(op: Op, s: Shape, seed: u64) -> Self {
+        Case::new(op, s, seed)
+    }
+
+    fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    fn reseed_for(&mut self, k: &Kernel, seed: u64) {
+        self.reseed(seed);
+        self.bias = k.bias;
+        self.output_gate = k.output_gate;
+    }
+
+    fn run(
+        &self,
+        on: &crate::Backend,
+        entry: &KernelEntry,
+        out: &mut [f32],
+    ) -> Result<Ran, String> {
+        let inputs = self.inputs();
+        inputs
+            .validate(&self.shape, out.len())
+            .expect("the harness builds well-formed inputs");
+        backend::run(on, entry, &self.shape, &inputs, out)
+    }
+
+    fn compare(
+        &self,
+        act: Activation,
+        out: &[f32],
+        argmax: Option<u32>,
+        seed: u64,
+    ) -> (Deviation, bool) {
+        Case::compare(self, act, out, argmax, seed)
+    }
+
+    fn versus_cpu(&self, entry: &KernelEntry, out: &[f32]) -> Option<Deviation> {
+        let f = W::cpu_fn(&entry.cpu)?;
+        let mut cpu = vec![f32::NAN; out.len()];
+        f(&self.shape, &self.inputs(), &mut cpu);
+        let want: Vec<f64> = cpu.iter().map(|&v| f64::from(v)).collect();
+        Some(Deviation::measure(out, &want))
+    }
+
+    fn work(&self) -> (f64, f64) {
+        self.work_at(std::mem::size_of::<W>() as f64)
+    }
+}
+
+/// A case for weights quantized to blocks of `Q`: drawn in bf16 (`drawn`), its weights
+/// quantized (`blocks`), and the same case with the blocks' exact values as f32 weights
+/// (`exact`, what the reference reads; activations widened from `drawn`'s, routes shared).
+#[derive(Debug)]
+pub struct QuantCase<Q> {
+    pub drawn: Case<bf16>,
+    pub exact: Case<f32>,
+    /// The op's weight tensors in blocks, in table order.
+    pub blocks: Vec<Vec<Q>>,
+}
+
+impl<Q: QuantElem> QuantCase<Q> {
+    pub fn new(op: Op, s: Shape, seed: u64) -> Self {
+        let drawn = Case::<bf16>::new(op, s, seed);
+        let blocks: Vec<Vec<Q>> = drawn
+            .params
+            .par_iter()
+            .map(|p| {
+                let values: Vec<f32> = p.iter().map(|v| v.to_f32()).collect();
+                quant::quantize(&values)
+            })
+            .collect();
+        let exact = Case::<f32> {
+            op,
+            shape: s,
+            x: vec![],
+            idx: vec![],
+            weights: vec![],
+            act: vec![],
+            params: blocks.par_iter().map(|b| quant::dequantize(b)).collect(),
+            softcap: drawn.softcap,
+            gate_up_bias: vec![],
+            down_bias: vec![],
+            bias: Bias::default(),
+            gate_w: vec![],
+            output_gate: false,
+        };
+        let mut case = QuantCase {
+            drawn,
+            exact,
+            blocks,
+        };
+        case.share_activations();
+        case
+    }
+
+    /// `exact`'s activations and routes set to `drawn`'s.
+    fn share_activations(&mut self) {
+        self.exact.x = self.drawn.x.iter().map(|v| v.to_f32()).collect();
+        self.exact.act.clone_from(&self.drawn.act);
+        self.exact.idx.clone_from(&self.drawn.idx);
+        self.exact.weights.clone_from(&self.drawn.weights);
+    }
+
+    /// The inputs a quantized variant reads: the blocks, beside `exact`'s activations.
+    pub fn inputs(&self) -> Inputs<'_, Q, f32> {
+        let c = &self.exact;
+        let p = |name| &self.blocks[param_index(c.op, name)][..];
+        match c.op {
+            Op::GateUp => Inputs::GateUp {
+                x: &c.x,
+                idx: &c.idx,
+                gate_up: p("gate_up"),
+            },
+            Op::Down => Inputs::Down {
+                act: &c.act,
+                idx: &c.idx,
+                weights: &c.weights,
+                down: p("down"),
+            },
+            Op::ExpertFfn => Inputs::ExpertFfn {
+                x: &c.x,
+                idx: &c.idx,
+                weights: &c.weights,
+                gate_up: p("gate_up"),
+                down: p("down"),
+                bias: Biases::default(),
+            },
+            op => unreachable!("the checker keeps quantized weights to expert ops, not {op}"),
+        }
+    }
+}
+
+impl<Q: QuantElem> Drawn for QuantCase<Q> {
+    const DTYPE: DType = Q::DTYPE;
+
+    fn draw(op: Op, s: Shape, seed: u64) -> Self {
+        QuantCase::new(op, s, seed)
+    }
+
+    fn shape(&self) -> &Shape {
+        &self.exact.shape
+    }
+
+    fn reseed_for(&mut self, k: &Kernel, seed: u64) {
+        assert!(
+            k.bias.is_none() && !k.output_gate,
+            "the checker keeps biases and gates off quantized specs"
+        );
+        self.drawn.reseed(seed);
+        self.share_activations();
+    }
+
+    fn run(
+        &self,
+        on: &crate::Backend,
+        entry: &KernelEntry,
+        out: &mut [f32],
+    ) -> Result<Ran, String> {
+        let inputs = self.inputs();
+        inputs
+            .validate(self.shape(), out.len())
+            .expect("the harness builds well-formed inputs");
+        backend::run_quantized(on, entry, self.shape(), &inputs, out)
+    }
+
+    fn compare(
+        &self,
+        act: Activation,
+        out: &[f32],
+        argmax: Option<u32>,
+        seed: u64,
+    ) -> (Deviation, bool) {
+        self.exact.compare(act, out, argmax, seed)
+    }
+
+    fn versus_cpu(&self, _: &KernelEntry, _: &[f32]) -> Option<Deviation> {
+        None
+    }
+
+    fn work(&self) -> (f64, f64) {
+        let bytes = Q::DTYPE.block_bytes().expect("a quantized dtype") as f64;
+        self.exact.work_at(bytes / quant::BLOCK as f64)
+    }
+
+    /// The reference on the exact values of the blocks against the reference on the bf16
+    /// weights they were quantized from, same activations and routes, on the rows `compare`
+    /// samples.
+    fn quantization(&self, act: Activation, seed: u64) -> Option<Deviation> {
+        let (rows, _) = self.exact.rows();
+        let sample = sample_rows(rows, SAMPLE_ROWS, seed, None);
+        let (quantized, bf16): (Vec<Vec<f64>>, Vec<Vec<f64>>) = sample
+            .par_iter()
+            .map(|&r| {
+                (
+                    self.exact.reference_row(act, r),
+                    self.drawn.reference_row(act, r),
+                )
+            })
+            .unzip();
+        let got: Vec<f32> = quantized.concat().iter().map(|&v| v as f32).collect();
+        Some(Deviation::measure(&got, &bf16.concat()))
+    }
 }
 
 /// Random inputs of one op at one shape. Weights are scaled by 1/sqrt(fan-in) so activations stay
@@ -625,10 +888,9 @@ impl<W: Elem> Case<W> {
         (dev, argmax_ok)
     }
 
-    /// (weight bytes the op must read, flops) for this case's routes.
-    pub fn work(&self) -> (f64, f64) {
+    /// (weight bytes the op must read at `b` bytes a weight, flops) for this case's routes.
+    pub fn work_at(&self, b: f64) -> (f64, f64) {
         let s = &self.shape;
-        let b = std::mem::size_of::<W>() as f64;
         let experts = {
             let mut seen = vec![false; s.e];
             self.idx.iter().for_each(|&e| seen[e as usize] = true);

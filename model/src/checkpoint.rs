@@ -368,6 +368,7 @@ pub fn dtype_of<W: Elem>() -> Dtype {
         moek_kernels::ir::DType::F16 => Dtype::F16,
         moek_kernels::ir::DType::Bf16 => Dtype::BF16,
         moek_kernels::ir::DType::F32 => Dtype::F32,
+        q => unreachable!("{q} stores blocks, and no `Elem` is one"),
     }
 }
 

@@ -240,7 +240,7 @@ fn the_harness_fails_a_wrong_combine() {
             unreachable!()
         };
         let ones = vec![1.0f32; idx.len()];
-        general_down::cpu(
+        general_down::cpu::<f32, f32>(
             s,
             &Inputs::Down {
                 act,

@@ -4,7 +4,7 @@ use half::{bf16, f16};
 
 /// A storage type of weights and activations. Arithmetic is always f32 (f64 in references).
 pub trait Element:
-    Copy + Default + Send + Sync + PartialEq + std::fmt::Debug + bytemuck::Pod + 'static
+    Copy + Default + Send + Sync + PartialEq + std::fmt::Debug + crate::quant::Weight + 'static
 {
     /// The spec name of the type (`f16`, `bf16`, `f32`).
     const NAME: &'static str;

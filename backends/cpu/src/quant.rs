@@ -174,7 +174,7 @@ pub fn rows_q<Q: QuantBlock>(
     assert_eq!(out.len(), rows.len(), "matvec output length");
     let k = x.values.len();
     assert!(
-        ld % BLOCK == 0 && k % BLOCK == 0,
+        ld.is_multiple_of(BLOCK) && k.is_multiple_of(BLOCK),
         "quantized rows of {ld} values, {k} activations: not whole blocks of {BLOCK}"
     );
     for &(s, e) in segs {

@@ -1,8 +1,9 @@
 //! The small vocabulary generated code uses to follow a schedule: grids of work units, blocks
 //! clipped to a unit's range, disjoint output writes, routes grouped by expert.
 
-use crate::dot::dot_rows;
 use crate::element::Element;
+use crate::quant::Weight;
+use moek_ir::quant::Packed;
 use std::ops::Range;
 
 /// The `i`-th of `parts` near-equal parts of `0..size` (exact when `parts` divides `size`).
@@ -115,8 +116,9 @@ impl SharedOut<'_> {
 /// `out[j - rows.start] = sum over segs (in order) of x[seg] . mat[j*ld + seg]` for `j` in `rows`.
 ///
 /// Each segment's partial is a complete dot product added to the running sum in declared order.
-/// Rows are read one at a time, front to back ([`dot_rows`]).
-pub fn matvec_segments<A: Element, W: Element>(
+/// Rows are read one at a time, front to back ([`crate::dot::dot_rows`]).
+/// `ld`, the rows and the segments count values; `mat` may be quantized blocks ([`Weight`]).
+pub fn matvec_segments<A: Element, W: Weight>(
     x: &[A],
     mat: &[W],
     ld: usize,
@@ -125,8 +127,18 @@ pub fn matvec_segments<A: Element, W: Element>(
     out: &mut [f32],
 ) {
     assert_eq!(out.len(), rows.len(), "matvec output length");
-    let start = rows.start;
-    dot_rows(x, mat, ld, rows, segs, |j, v| out[j - start] = v);
+    W::matvec_segments(x, mat, ld, rows, segs, out);
+}
+
+/// Values `range` of a weight tensor stored as `W`: the elements themselves, or the blocks that
+/// hold them (the range must fall on block boundaries).
+pub fn values<W: Packed>(w: &[W], range: Range<usize>) -> &[W] {
+    let n = W::VALUES;
+    assert!(
+        range.start.is_multiple_of(n) && range.end.is_multiple_of(n),
+        "values {range:?} do not fall on blocks of {n}"
+    );
+    &w[range.start / n..range.end / n]
 }
 
 /// For each expert, the route slots `t * routes + r` that chose it, in slot order.

@@ -3,11 +3,12 @@
 //! on a bad entry: it records the error and goes on.
 //!
 //! One module per rule group: [`entries`] (keys and their values), [`dims`], [`schedule`]
-//! (selection, blocks, core splits, groups, loops, tiles). Each target's own rules live beside its
+//! (selection, blocks, core splits, groups, loops, tiles), [`quant`] (quantized weights). Each target's own rules live beside its
 //! emitter or lowering (`crate::spyre::rules`, `crate::emit::wgsl::rules`).
 
 mod dims;
 mod entries;
+mod quant;
 mod schedule;
 
 use schedule::BlockKind;
@@ -92,8 +93,8 @@ impl Checker {
         let sizes: HashMap<DimName, Option<usize>> =
             dims.iter().map(|d| (d.name, d.size)).collect();
         for (name, present, msg) in [
-            ("dtypes", p.has_dtypes, "f16, bf16, f32"),
-            ("targets", p.has_targets, "cpu, wgpu, spyre"),
+            ("dtypes", p.has_dtypes, DType::valid_names()),
+            ("targets", p.has_targets, Target::valid_names()),
         ] {
             if !present {
                 self.errors.push(
@@ -146,6 +147,7 @@ impl Checker {
             output_gate: p.output_gate.is_some(),
         };
         self.bias_rules(&kernel, &p);
+        self.quant_rules(&kernel, &p);
         if let Some(span) = p.output_gate
             && op != Op::DenseMlp
         {

@@ -46,12 +46,21 @@ pub fn function(k: &Kernel) -> TokenStream {
     let dims = dim_bindings(k);
     let biases = bias_bindings(k);
     let doc = format!("The CPU variant of `{}`: {}", k.name, k.schedule_summary());
+    let cpu = quote!(::moek_kernels::__private::cpu);
+    let (generics, inputs) = match (reads_weights_apart(k), k.bias.is_none()) {
+        // Stored weights (plain or quantized blocks) and activations of their own type.
+        (true, true) => (quote!(<W: #cpu::Weight, A: #cpu::Element>), quote!(W, A)),
+        // Biases are added as numbers: plain weights only (the checker keeps quantized apart).
+        (true, false) => (quote!(<W: #cpu::Element, A: #cpu::Element>), quote!(W, A)),
+        // GEMM paths multiply activations and weights of one element type.
+        (false, _) => (quote!(<W: #cpu::Element>), quote!(W)),
+    };
     quote! {
         #[doc = #doc]
         #[allow(unused_variables, unused_mut, clippy::all)]
-        pub fn cpu<W: ::moek_kernels::__private::cpu::Element>(
+        pub fn cpu #generics (
             s: &::moek_kernels::__private::Shape,
-            inputs: &::moek_kernels::__private::Inputs<'_, W>,
+            inputs: &::moek_kernels::__private::Inputs<'_, #inputs>,
             out: &mut [f32],
         ) -> ::core::option::Option<u32> {
             use ::moek_kernels::__private::cpu;
@@ -66,6 +75,17 @@ pub fn function(k: &Kernel) -> TokenStream {
                 #body
             })
         }
+    }
+}
+
+/// Whether `k`'s variant reads weight rows only through [`moek_cpu`]'s products (gathered
+/// routes, matrix-vector), never as numbers: then it runs on any stored weight, quantized
+/// blocks included, beside activations of another type.
+pub fn reads_weights_apart(k: &Kernel) -> bool {
+    match k.op {
+        Op::GateUp | Op::Down => true,
+        Op::ExpertFfn => k.schedule.select == Selection::Gather,
+        Op::DenseMlp | Op::LmHeadRow => false,
     }
 }
 
@@ -189,14 +209,15 @@ fn gather_gate_up(k: &Kernel, phase: Phase, dst: TokenStream) -> TokenStream {
                     for r in rr.clone() {
                         let slot = t * r_n + r;
                         let e = idx[slot] as usize;
-                        let bank = &gate_up[e * 2 * f_n * h_n..(e + 1) * 2 * f_n * h_n];
+                        let bank = cpu::values(gate_up, e * 2 * f_n * h_n..(e + 1) * 2 * f_n * h_n);
+                        let up = cpu::values(bank, f_n * h_n..2 * f_n * h_n);
                         let base = (hp * t_n * r_n + slot) * 2 * f_n;
                         for (c0, c1) in cpu::clip(f_cols, fr.clone()) {
                             // SAFETY: this unit owns (H part, slot, columns c0..c1) of gate and up.
                             let g = unsafe { shared.slice(base + c0, c1 - c0) };
                             cpu::matvec_segments(xt, bank, h_n, c0..c1, &segs, g);
                             let u = unsafe { shared.slice(base + f_n + c0, c1 - c0) };
-                            cpu::matvec_segments(xt, &bank[f_n * h_n..], h_n, c0..c1, &segs, u);
+                            cpu::matvec_segments(xt, up, h_n, c0..c1, &segs, u);
                         }
                     }
                 }
@@ -318,14 +339,15 @@ fn gather_route_owned(k: &Kernel) -> TokenStream {
                     for r in rr.clone() {
                         let slot = t * r_n + r;
                         let e = idx[slot] as usize;
-                        let bank = &gate_up[e * 2 * f_n * h_n..(e + 1) * 2 * f_n * h_n];
+                        let bank = cpu::values(gate_up, e * 2 * f_n * h_n..(e + 1) * 2 * f_n * h_n);
+                        let up = cpu::values(bank, f_n * h_n..2 * f_n * h_n);
                         cpu::matvec_segments(xt, bank, h_n, 0..f_n, h_blocks, &mut g);
-                        cpu::matvec_segments(xt, &bank[f_n * h_n..], h_n, 0..f_n, h_blocks, &mut u);
+                        cpu::matvec_segments(xt, up, h_n, 0..f_n, h_blocks, &mut u);
                         for j in 0..f_n {
                             #gu_bias
                             a[j] = #pair;
                         }
-                        let bank = &down[e * h_n * f_n..(e + 1) * h_n * f_n];
+                        let bank = cpu::values(down, e * h_n * f_n..(e + 1) * h_n * f_n);
                         for &(c0, c1) in h_cols {
                             // SAFETY: this unit owns route slot `slot`.
                             let yv = unsafe { shared.slice(slot * h_n + c0, c1 - c0) };
@@ -392,7 +414,7 @@ fn gather_down(k: &Kernel, phase: Phase, act: TokenStream) -> TokenStream {
                         let slot = t * r_n + r;
                         let e = idx[slot] as usize;
                         let a = &act[slot * f_n..(slot + 1) * f_n];
-                        let bank = &down[e * h_n * f_n..(e + 1) * h_n * f_n];
+                        let bank = cpu::values(down, e * h_n * f_n..(e + 1) * h_n * f_n);
                         let base = (fp * t_n * r_n + slot) * h_n;
                         for (c0, c1) in cpu::clip(h_cols, hr.clone()) {
                             // SAFETY: this unit owns (F part, slot, columns c0..c1).

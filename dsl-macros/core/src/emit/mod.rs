@@ -58,13 +58,19 @@ fn cpu_fns(k: &Kernel) -> TokenStream {
     if !k.targets.contains(&Target::Cpu) {
         return quote!(::moek_kernels::__private::CpuFns::NONE);
     }
+    let apart = cpu::reads_weights_apart(k);
     let slot = |d: moek_ir::DType, ty: TokenStream| {
-        if k.dtypes.contains(&d) {
-            quote!(Some(cpu::<#ty>))
-        } else {
-            quote!(None)
+        let act = match d.is_quantized() {
+            true => quote!(f32),
+            false => ty.clone(),
+        };
+        match (k.dtypes.contains(&d), apart) {
+            (false, _) => quote!(None),
+            (true, true) => quote!(Some(cpu::<#ty, #act>)),
+            (true, false) => quote!(Some(cpu::<#ty>)),
         }
     };
+    let q = quote!(::moek_kernels::__private::ir::quant);
     let f16 = slot(
         moek_ir::DType::F16,
         quote!(::moek_kernels::__private::half::f16),
@@ -74,8 +80,12 @@ fn cpu_fns(k: &Kernel) -> TokenStream {
         quote!(::moek_kernels::__private::half::bf16),
     );
     let f32 = slot(moek_ir::DType::F32, quote!(f32));
+    let q8_0 = slot(moek_ir::DType::Q8_0, quote!(#q::BlockQ8_0));
+    let q4_0 = slot(moek_ir::DType::Q4_0, quote!(#q::BlockQ4_0));
     quote! {
-        ::moek_kernels::__private::cpu_fns!(::moek_kernels::__private::CpuFns { f16: #f16, bf16: #bf16, f32: #f32 })
+        ::moek_kernels::__private::cpu_fns!(::moek_kernels::__private::CpuFns {
+            f16: #f16, bf16: #bf16, f32: #f32, q8_0: #q8_0, q4_0: #q4_0,
+        })
     }
 }
 

@@ -162,6 +162,9 @@ impl<'k> Emitter<'k> {
             (_, true) => "f16 loads (enable f16)",
             (DType::Bf16, _) => "bf16 from packed u32 pairs",
             (DType::F16, _) => "f16 from packed u32 pairs (unpack2x16float)",
+            (DType::Q8_0 | DType::Q4_0, _) => {
+                unreachable!("the checker refuses quantized weights on wgpu")
+            }
         };
         let mut src = String::new();
         let _ = writeln!(
