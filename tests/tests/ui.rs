@@ -14,6 +14,7 @@ fn ui() {
         "select",
         "spyre",
         "wgpu",
+        "quant",
     ] {
         t.compile_fail(format!("ui/{group}/*.rs"));
     }

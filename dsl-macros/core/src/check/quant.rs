@@ -104,11 +104,19 @@ impl Checker {
                     if let Some(n) = size
                         && !(n / BLOCK).is_multiple_of(parts)
                     {
+                        let blocks = n / BLOCK;
+                        let valid: Vec<String> = (2..=blocks.min(MAX_CORES))
+                            .filter(|p| blocks.is_multiple_of(*p))
+                            .map(|p| p.to_string())
+                            .collect();
+                        let valid = match valid.is_empty() {
+                            true => "none, do not split it".to_string(),
+                            false => valid.join(", "),
+                        };
                         self.errors.push(
                             lit.span(),
                             format!(
-                                "`{dim}` = {n} split {parts} ways does not cut on whole blocks of {BLOCK} `{dtype}` values ({} blocks)",
-                                n / BLOCK
+                                "`{dim}` = {n} split {parts} ways does not cut on whole blocks of {BLOCK} `{dtype}` values ({blocks} blocks); valid splits: {valid}"
                             ),
                         );
                     } else if size.is_none() {

@@ -1,0 +1,21 @@
+use moek_kernels::ir::{DType, Target};
+use moek_kernels::kernel;
+
+kernel! {
+    /// One spec, plain and quantized weights: one CPU variant per dtype, each held to the
+    /// reference on the weights it reads (for q8_0, the blocks' exact values).
+    pub my_experts = expert_ffn {
+        dims:    T, R, E, H = 256, F = 96;
+        dtypes:  bf16, q8_0, q4_0;
+        targets: cpu;
+        select:  gather E by R;
+        reduce:  H = 128 x 2;
+        cores:   R = 2;
+    }
+}
+
+fn main() {
+    for dtype in [DType::Bf16, DType::Q8_0, DType::Q4_0] {
+        moek_kernels::testing::check_spec(&my_experts::entry(), Target::Cpu, dtype);
+    }
+}

@@ -1,0 +1,12 @@
+use moek_kernels::kernel;
+
+kernel! {
+    pub k = expert_ffn {
+        dims:    T, R, E, H, F;
+        dtypes:  q4_0;
+        targets: cpu, wgpu;
+        select:  gather E by R;
+    }
+}
+
+fn main() {}

@@ -1,0 +1,13 @@
+use moek_kernels::kernel;
+
+kernel! {
+    pub k = expert_ffn {
+        dims:    T, R, E, H, F;
+        dtypes:  q8_0;
+        targets: cpu;
+        select:  gather E by R;
+        bias:    gate_up, down;
+    }
+}
+
+fn main() {}
