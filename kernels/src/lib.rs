@@ -25,7 +25,7 @@ pub mod testing;
 pub mod wgpu;
 
 pub use dispatch::{Backend, Choice, DispatchError, Ineligible};
-pub use elem::Elem;
+pub use elem::{Elem, QuantElem};
 pub use inputs::{InputError, Inputs};
 pub use moek_dsl_macros::kernel;
 pub use moek_ir as ir;

@@ -927,13 +927,45 @@ pub fn uniform<W: Elem>(len: usize, seed: u64, scale: f32) -> Vec<W> {
     let mut v = moek_cpu::memory::huge_vec(len);
     #[cfg(not(feature = "cpu"))]
     let mut v = vec![W::default(); len];
-    const CHUNK: usize = 1 << 16;
     v.par_chunks_mut(CHUNK).enumerate().for_each(|(i, c)| {
-        let mut rng = SmallRng::seed_from_u64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i as u64);
+        let mut rng = chunk_rng(seed, i);
         c.iter_mut()
             .for_each(|x| *x = W::from_f32(rng.random_range(-scale..scale)));
     });
     v
+}
+
+/// [`uniform`]'s values in `W`, quantized to blocks of `Q` as they are drawn (never all held
+/// in `W`): the blocks [`moek_ir::quant::quantize`] makes of `uniform::<W>(len, seed, scale)`.
+pub fn uniform_blocks<W: Elem, Q: QuantElem>(len: usize, seed: u64, scale: f32) -> Vec<Q> {
+    assert!(
+        len.is_multiple_of(quant::BLOCK),
+        "{len} values are not whole blocks"
+    );
+    #[cfg(feature = "cpu")]
+    let mut v = moek_cpu::memory::huge_vec(len / quant::BLOCK);
+    #[cfg(not(feature = "cpu"))]
+    let mut v = vec![Q::default(); len / quant::BLOCK];
+    v.par_chunks_mut(CHUNK / quant::BLOCK)
+        .enumerate()
+        .for_each(|(i, c)| {
+            let mut rng = chunk_rng(seed, i);
+            let mut values = [0f32; quant::BLOCK];
+            for b in c {
+                for x in &mut values {
+                    *x = W::from_f32(rng.random_range(-scale..scale)).to_f32();
+                }
+                *b = Q::quantize(&values);
+            }
+        });
+    v
+}
+
+/// Values per independently seeded chunk of [`uniform`] (a multiple of the quantized block).
+const CHUNK: usize = 1 << 16;
+
+fn chunk_rng(seed: u64, chunk: usize) -> SmallRng {
+    SmallRng::seed_from_u64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ chunk as u64)
 }
 
 /// Top-`r` routes per token: distinct experts (when `r <= e`) with positive weights summing to 1.

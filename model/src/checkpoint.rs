@@ -5,6 +5,8 @@
 use half::{bf16, f16};
 use memmap2::Mmap;
 use moek_kernels::Elem;
+use moek_kernels::ir::DType;
+use moek_kernels::ir::quant::Quantized;
 use safetensors::{Dtype, SafeTensors};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -49,6 +51,14 @@ pub enum LoadError {
         tensor: String,
         expected: String,
         found: String,
+    },
+    #[error(
+        "tensor `{tensor}` has rows of {row} values, which {format} cannot store: its blocks hold 32"
+    )]
+    Blocks {
+        tensor: String,
+        row: usize,
+        format: DType,
     },
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
@@ -109,7 +119,14 @@ struct Entry {
 pub struct Checkpoint {
     shards: Vec<(PathBuf, Mmap)>,
     entries: HashMap<String, Entry>,
+    /// The quantized format its `u8` tensors are stored in (`moek quantize` names it in each
+    /// file's metadata, [`QUANTIZATION_KEY`]).
+    quantization: Option<DType>,
 }
+
+/// The safetensors metadata key naming the block format of a checkpoint's quantized tensors
+/// (`q8_0` or `q4_0`).
+pub const QUANTIZATION_KEY: &str = "moek.quantization";
 
 impl Checkpoint {
     /// Maps `dir/model.safetensors`, or every shard named in `dir/model.safetensors.index.json`
@@ -158,6 +175,7 @@ impl Checkpoint {
     pub fn from_files(files: &[PathBuf]) -> Result<Checkpoint, LoadError> {
         let mut shards = vec![];
         let mut entries = HashMap::new();
+        let mut quantization = None;
         for (i, path) in files.iter().enumerate() {
             let io = |source| LoadError::Io {
                 path: path.clone(),
@@ -171,6 +189,15 @@ impl Checkpoint {
                 path: path.clone(),
                 why: e.to_string(),
             })?;
+            if let Some(named) = quantization_of(path, &map)? {
+                if quantization.is_some_and(|q| q != named) {
+                    return Err(LoadError::Format {
+                        path: path.clone(),
+                        why: format!("its shards name two quantized formats ({named} and another)"),
+                    });
+                }
+                quantization = Some(named);
+            }
             for (name, view) in st.tensors() {
                 let start = view.data().as_ptr() as usize - map.as_ptr() as usize;
                 let entry = Entry {
@@ -191,7 +218,77 @@ impl Checkpoint {
             }
             shards.push((path.clone(), map));
         }
-        Ok(Checkpoint { shards, entries })
+        Ok(Checkpoint {
+            shards,
+            entries,
+            quantization,
+        })
+    }
+
+    /// The block format of the first of `names` present, if it is stored quantized (a `u8`
+    /// tensor in a checkpoint that names its format).
+    pub fn quantized(&self, names: &[String]) -> Option<DType> {
+        let (_, e) = self.find(names).ok()?;
+        (e.dtype == Dtype::U8)
+            .then_some(self.quantization)
+            .flatten()
+    }
+
+    /// Tensor `names[0]` (or an alias) of `shape` values, stored in blocks of `Q`: a `u8` tensor
+    /// of shape `[..shape without its last, last / 32, block bytes]`, living where `residence`
+    /// says.
+    pub fn blocks<Q: Quantized>(
+        &self,
+        names: &[String],
+        shape: &[usize],
+        residence: Residence,
+    ) -> Result<Cow<'_, [Q]>, LoadError> {
+        let (name, e) = self.find(names)?;
+        if self.quantization != Some(Q::DTYPE) || e.dtype != Dtype::U8 {
+            return Err(LoadError::DType {
+                tensor: name.to_string(),
+                expected: format!("U8 blocks of {}", Q::DTYPE),
+                found: match self.quantization {
+                    Some(q) => format!("{:?} in a {q} checkpoint", e.dtype),
+                    None => format!("{:?} in a checkpoint with no quantized format", e.dtype),
+                },
+            });
+        }
+        check_shape(name, &e.shape, &block_shape::<Q>(shape))?;
+        let bytes = &self.shards[e.shard].1[e.bytes.clone()];
+        let mapped = match bytemuck::try_cast_slice(bytes) {
+            Ok(v) => Cow::Borrowed(v),
+            Err(_) => Cow::Owned(bytemuck::pod_collect_to_vec(bytes)),
+        };
+        Ok(self.resident(mapped, e, residence))
+    }
+
+    /// Tensor `names[0]` (in `W`, of `shape`) quantized to blocks of `Q` as it is read, a chunk
+    /// at a time, each chunk's mapped pages released once it is quantized (`--quantize`).
+    pub fn quantize<W: Elem, Q: Quantized>(
+        &self,
+        names: &[String],
+        shape: &[usize],
+    ) -> Result<Vec<Q>, LoadError> {
+        let mapped = self.tensor::<W>(names, shape)?;
+        let row = shape.last().copied().unwrap_or(0);
+        if !row.is_multiple_of(moek_kernels::ir::quant::BLOCK) {
+            return Err(LoadError::Blocks {
+                tensor: self.find(names)?.0.to_string(),
+                row,
+                format: Q::DTYPE,
+            });
+        }
+        let e = self.find(names)?.1;
+        const CHUNK: usize = 64 << 20;
+        let per = CHUNK / size_of::<W>();
+        let mut out = Vec::with_capacity(mapped.len() / moek_kernels::ir::quant::BLOCK);
+        for (i, chunk) in mapped.chunks(per).enumerate() {
+            out.extend_from_slice(&crate::quantized::blocks::<W, Q>(chunk));
+            let start = e.bytes.start + i * CHUNK;
+            self.release(e.shard, start..start + size_of_val(chunk));
+        }
+        Ok(out)
     }
 
     /// Bytes of every tensor.
@@ -256,20 +353,30 @@ impl Checkpoint {
         residence: Residence,
     ) -> Result<Cow<'_, [W]>, LoadError> {
         let mapped = self.tensor::<W>(names, shape)?;
+        Ok(self.resident(mapped, self.find(names)?.1, residence))
+    }
+
+    /// `mapped` (entry `e`'s elements) where `residence` says: in place, or copied into huge
+    /// pages a chunk at a time, each chunk's mapped pages released once copied (resident
+    /// memory never holds more than one chunk twice).
+    fn resident<'a, T: bytemuck::Pod>(
+        &'a self,
+        mapped: Cow<'a, [T]>,
+        e: &Entry,
+        residence: Residence,
+    ) -> Cow<'a, [T]> {
         if residence == Residence::Mapped {
-            return Ok(mapped);
+            return mapped;
         }
-        // Copied a chunk at a time, each chunk's mapped pages released once copied: resident
-        // memory never holds more than one chunk twice.
         const CHUNK_BYTES: usize = 64 << 20;
-        let e = self.find(names)?.1;
-        let mut copy = moek_cpu::memory::huge_capacity::<W>(mapped.len());
-        for (i, chunk) in mapped.chunks(CHUNK_BYTES / size_of::<W>()).enumerate() {
+        let per = (CHUNK_BYTES / size_of::<T>()).max(1);
+        let mut copy = moek_cpu::memory::huge_capacity::<T>(mapped.len());
+        for (i, chunk) in mapped.chunks(per).enumerate() {
             copy.extend_from_slice(chunk);
-            let start = e.bytes.start + i * CHUNK_BYTES;
+            let start = e.bytes.start + i * per * size_of::<T>();
             self.release(e.shard, start..start + size_of_val(chunk));
         }
-        Ok(Cow::Owned(copy))
+        Cow::Owned(copy)
     }
 
     /// The tensors `parts` (each its names and shape, all in `W`) copied one after another into
@@ -369,6 +476,37 @@ pub fn dtype_of<W: Elem>() -> Dtype {
         moek_kernels::ir::DType::Bf16 => Dtype::BF16,
         moek_kernels::ir::DType::F32 => Dtype::F32,
         q => unreachable!("{q} stores blocks, and no `Elem` is one"),
+    }
+}
+
+/// The stored shape of a tensor of `shape` values in blocks of `Q`: the last extent cut into
+/// blocks, each its bytes.
+pub fn block_shape<Q: Quantized>(shape: &[usize]) -> Vec<usize> {
+    let (last, rest) = shape.split_last().expect("a matrix has extents");
+    let mut out = rest.to_vec();
+    out.extend([last / moek_kernels::ir::quant::BLOCK, size_of::<Q>()]);
+    out
+}
+
+/// The quantized format `map`'s metadata names, if any (an unknown one is an error).
+fn quantization_of(path: &Path, map: &[u8]) -> Result<Option<DType>, LoadError> {
+    let (_, meta) = SafeTensors::read_metadata(map).map_err(|e| LoadError::Format {
+        path: path.to_path_buf(),
+        why: e.to_string(),
+    })?;
+    let Some(name) = meta
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get(QUANTIZATION_KEY))
+    else {
+        return Ok(None);
+    };
+    match DType::from_name(name).filter(|d| d.is_quantized()) {
+        Some(d) => Ok(Some(d)),
+        None => Err(LoadError::Format {
+            path: path.to_path_buf(),
+            why: format!("its metadata names the quantized format `{name}`; known: q8_0, q4_0"),
+        }),
     }
 }
 

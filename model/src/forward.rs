@@ -5,6 +5,7 @@
 use crate::ops::{Float, to_w};
 use moek_kernels::backend::Uploaded;
 use moek_kernels::dispatch::{self, Backend, Choice, DispatchError, Task};
+use moek_kernels::elem::QuantElem;
 use moek_kernels::ir::Activation;
 use moek_kernels::ir::Target;
 use moek_kernels::{Elem, Inputs, Shape, specs};
@@ -274,35 +275,108 @@ pub(crate) fn run_traced<W: Elem>(
     requested: Option<&str>,
     trace: &mut Vec<Trace>,
 ) -> Result<(), ModelError> {
+    let task = task_of(inputs, activation);
+    traced(
+        (layer, what),
+        shape,
+        out,
+        requested,
+        trace,
+        backend,
+        |on, req, out| dispatch::run_task(specs::all(), on, task, shape, inputs, out, req),
+    )
+}
+
+/// [`run_traced`] for weights in quantized blocks of `Q` (beside f32 activations).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_traced_quantized<Q: QuantElem>(
+    backend: &Backend,
+    layer: usize,
+    what: &'static str,
+    activation: Activation,
+    shape: &Shape,
+    inputs: &Inputs<'_, Q, f32>,
+    out: &mut [f32],
+    requested: Option<&str>,
+    trace: &mut Vec<Trace>,
+) -> Result<(), ModelError> {
+    let task = task_of(inputs, activation);
+    traced(
+        (layer, what),
+        shape,
+        out,
+        requested,
+        trace,
+        backend,
+        |on, req, out| dispatch::run_quantized(specs::all(), on, task, shape, inputs, out, req),
+    )
+}
+
+/// An expert FFN's inputs over quantized banks: f32 activations `x`, no biases.
+pub(crate) fn quantized_experts<'a, Q>(
+    x: &'a [f32],
+    idx: &'a [u32],
+    weights: &'a [f32],
+    gate_up: &'a [Q],
+    down: &'a [Q],
+) -> Inputs<'a, Q, f32> {
+    Inputs::ExpertFfn {
+        x,
+        idx,
+        weights,
+        gate_up,
+        down,
+        bias: Default::default(),
+    }
+}
+
+/// What `inputs` ask of dispatch with `activation`.
+fn task_of<W: moek_kernels::ir::quant::Packed, A: bytemuck::Pod>(
+    inputs: &Inputs<'_, W, A>,
+    activation: Activation,
+) -> Task {
+    Task {
+        op: inputs.op(),
+        activation,
+        bias: inputs.bias(),
+        output_gate: inputs.output_gate(),
+    }
+}
+
+/// Runs `run` on `backend` (on the CPU, recorded as a fallback, where no variant serves
+/// `backend`) and records the choice.
+fn traced(
+    (layer, what): (usize, &'static str),
+    shape: &Shape,
+    out: &mut [f32],
+    requested: Option<&str>,
+    trace: &mut Vec<Trace>,
+    backend: &Backend,
+    run: impl Fn(
+        &Backend,
+        Option<&str>,
+        &mut [f32],
+    ) -> Result<(Choice, moek_kernels::backend::Ran), DispatchError>,
+) -> Result<(), ModelError> {
     let start = std::time::Instant::now();
     let err = |source| ModelError::Kernel {
         layer,
         what,
         source,
     };
-    let task = Task {
-        op: inputs.op(),
-        activation,
-        bias: inputs.bias(),
-        output_gate: inputs.output_gate(),
+    let (choice, fallback, uploaded) = match run(backend, requested, out) {
+        Ok((choice, ran)) => (choice, None, ran.uploaded),
+        // No variant of this op serves the backend: the CPU runs it, and the record says
+        // why. (A refused dispatch wrote nothing, so the retry starts clean.) A requested
+        // variant never falls back.
+        Err(e @ DispatchError::NoneEligible { .. })
+            if requested.is_none() && backend.target != Target::Cpu =>
+        {
+            let (choice, _) = run(&Backend::cpu(), None, out).map_err(err)?;
+            (choice, Some(e.to_string()), None)
+        }
+        Err(e) => return Err(err(e)),
     };
-    let (choice, fallback, uploaded) =
-        match dispatch::run_task(specs::all(), backend, task, shape, inputs, out, requested) {
-            Ok((choice, ran)) => (choice, None, ran.uploaded),
-            // No variant of this op serves the backend: the CPU runs it, and the record says
-            // why. (A refused dispatch wrote nothing, so the retry starts clean.) A requested
-            // variant never falls back.
-            Err(e @ DispatchError::NoneEligible { .. })
-                if requested.is_none() && backend.target != Target::Cpu =>
-            {
-                let cpu = Backend::cpu();
-                let (choice, _) =
-                    dispatch::run_task(specs::all(), &cpu, task, shape, inputs, out, None)
-                        .map_err(err)?;
-                (choice, Some(e.to_string()), None)
-            }
-            Err(e) => return Err(err(e)),
-        };
     trace.push(Trace {
         position: 0,
         layer,

@@ -4,6 +4,7 @@
 //! - [`checkpoint`]: safetensors over memory maps, typed errors naming each tensor.
 //! - [`forward`]: what every family's forward shares: errors, the KV cache, dispatch records.
 //! - [`ops`]: the CPU-side pieces (norms, RoPE, attention, linear layers).
+//! - [`quantized`]: weight matrices stored in quantized blocks, and the flag naming a format.
 //! - [`generate`]: prefill (one shot or chunked) and decoding, greedy or sampled.
 //! - [`commands`]: one module per `moek` subcommand.
 
@@ -15,4 +16,5 @@ pub mod gemma4;
 pub mod generate;
 pub mod limits;
 pub mod ops;
+pub mod quantized;
 pub mod qwen3;

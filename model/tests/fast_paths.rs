@@ -11,6 +11,7 @@ use moek_model::gemma4::tiny;
 use moek_model::gemma4::weights::{
     DecoderLayer, Experts, Mlp, MoeBlock, Router, SelfAttn, Weights,
 };
+use moek_model::quantized::Stored;
 use std::borrow::Cow;
 
 /// A one-layer model at the 26B-A4B MoE geometry whose expert banks borrow `mw`'s (only the MoE
@@ -53,8 +54,8 @@ fn model<'w>(
                     per_expert_scale: mw.router.per_expert_scale.clone(),
                 },
                 experts: Experts {
-                    gate_up_proj: Cow::Borrowed(&mw.experts.gate_up_proj),
-                    down_proj: Cow::Borrowed(&mw.experts.down_proj),
+                    gate_up_proj: mw.experts.gate_up_proj.borrowed(),
+                    down_proj: mw.experts.down_proj.borrowed(),
                 },
             }),
             layer_scalar: 1.0,
@@ -86,8 +87,12 @@ fn moe_weights() -> MoeBlock<'static, half::bf16> {
             per_expert_scale: uniform::<f32>(e, 6, 0.2).iter().map(|x| 1.0 + x).collect(),
         },
         experts: Experts {
-            gate_up_proj: Cow::Owned(uniform(e * 2 * f * h, 7, 1.0 / (h as f32).sqrt())),
-            down_proj: Cow::Owned(uniform(e * h * f, 8, 1.0 / (f as f32).sqrt())),
+            gate_up_proj: Stored::Plain(Cow::Owned(uniform(
+                e * 2 * f * h,
+                7,
+                1.0 / (h as f32).sqrt(),
+            ))),
+            down_proj: Stored::Plain(Cow::Owned(uniform(e * h * f, 8, 1.0 / (f as f32).sqrt()))),
         },
     }
 }

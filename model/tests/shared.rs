@@ -32,7 +32,7 @@ fn on_wgpu_weights_are_uploaded_once_and_decode_steps_send_none() {
     for l in &w.layers {
         expected += l.mlp.gate_proj.len() + l.mlp.up_proj.len() + l.mlp.down_proj.len();
         if let Some(moe) = &l.moe {
-            expected += moe.experts.gate_up_proj.len() + moe.experts.down_proj.len();
+            expected += (moe.experts.gate_up_proj.bytes() + moe.experts.down_proj.bytes()) / 2;
         }
     }
     assert_eq!(

@@ -284,18 +284,102 @@ pub(crate) unsafe fn read_chunk(words: &[u64]) -> u64 {
     crate::bandwidth::read_chunk_each(words)
 }
 
-/// The 8 i32 lane sums of `w . x` over 32 signed bytes (`|w|` as unsigned times `x` with `w`'s
-/// sign, `vpmaddubsw`, then pairs of i16 added by `vpmaddwd`), as f32. Exact: `|w|, |x| <= 128`
-/// and `x != -128` keep every i16 pair sum within range.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn mul_sum_i8(w: __m256i, x: __m256i) -> __m256 {
-    let dot = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-    _mm256_cvtepi32_ps(_mm256_madd_epi16(dot, _mm256_set1_epi16(1)))
+/// One block's 8 i32 lane sums against the activation block `x` (lane `i` over values
+/// `4i..4i + 4`).
+trait LaneSums {
+    /// Whether [`LaneSums::lane_sums`] reads `offset`.
+    const OFFSETS: bool;
+    fn scale_bits(&self) -> u16;
+    /// # Safety
+    /// Needs AVX2 (the caller's target features).
+    unsafe fn lane_sums(&self, x: __m256i, offset: *const i32) -> __m256i;
 }
 
-/// [`crate::quant::QuantBlock::dot_avx2`] for Q8_0: each block's scaled lane sums fused into
-/// one 8-lane accumulator in block order, then the lanes reduced by the fixed tree.
+impl LaneSums for moek_ir::quant::BlockQ8_0 {
+    const OFFSETS: bool = false;
+    #[inline(always)]
+    fn scale_bits(&self) -> u16 {
+        self.d
+    }
+    /// `|w|` as unsigned times `x` with `w`'s sign (`vpmaddubsw`), pairs of i16 added
+    /// (`vpmaddwd`). Exact: `|w| <= 128` and `x != -128` keep each pair within i16.
+    #[inline(always)]
+    unsafe fn lane_sums(&self, x: __m256i, _: *const i32) -> __m256i {
+        // SAFETY: a block holds 32 bytes of values.
+        unsafe {
+            let w = _mm256_loadu_si256(self.qs.as_ptr().cast());
+            let dot = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+            _mm256_madd_epi16(dot, _mm256_set1_epi16(1))
+        }
+    }
+}
+
+impl LaneSums for moek_ir::quant::BlockQ4_0 {
+    const OFFSETS: bool = true;
+    #[inline(always)]
+    fn scale_bits(&self) -> u16 {
+        self.d
+    }
+    /// The nibbles as stored (0..=15; low ones are values 0..16, high ones 16..32) times `x`,
+    /// less the offset's `8 x` per lane ([`crate::quant::QuantizedActivation::offsets`]):
+    /// `sum (n - 8) x` exactly, without widening or negating a byte.
+    #[inline(always)]
+    unsafe fn lane_sums(&self, x: __m256i, offset: *const i32) -> __m256i {
+        // SAFETY: a block holds 16 bytes of nibbles; `offset` 8 lanes (the caller's).
+        unsafe {
+            let packed = _mm_loadu_si128(self.qs.as_ptr().cast());
+            let both = _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed);
+            let n = _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+            let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(n, x), _mm256_set1_epi16(1));
+            _mm256_sub_epi32(dot, _mm256_loadu_si256(offset.cast()))
+        }
+    }
+}
+
+/// `sum_b scale(w[b]) * xd[b] * (w[b] . xq[b])`: each block's lane sums scaled by both scales
+/// and fused into one of [`CHAINS`] accumulators in turn (block `b` into chain `b % 4`, so no
+/// one chain's FMA latency bounds the loop), added (0 + 1) + (2 + 3), then the lanes by the
+/// fixed tree. `offsets` holds 8 lanes a block (read by Q4_0 only).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_blocks<B: LaneSums>(
+    w: &[B],
+    xd: &[f32],
+    xq: &[i8],
+    offsets: &[i32],
+    ahead: usize,
+) -> f32 {
+    assert!(xd.len() >= w.len() && xq.len() >= w.len() * 32);
+    assert!(!B::OFFSETS || offsets.len() >= w.len() * 8);
+    let mut acc = [_mm256_setzero_ps(); CHAINS];
+    let step = |acc: &mut __m256, b: usize, blk: &B| {
+        let p: *const u8 = (blk as *const B).cast();
+        crate::memory::prefetch(p.wrapping_add(ahead));
+        // SAFETY: the slices hold `b`'s lanes (asserted); AVX2 is this function's.
+        unsafe {
+            let xv = _mm256_loadu_si256(xq.as_ptr().add(b * 32).cast());
+            let sums = _mm256_cvtepi32_ps(blk.lane_sums(xv, offsets.as_ptr().wrapping_add(b * 8)));
+            let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(blk.scale_bits()))));
+            let d = _mm256_set1_ps(d * *xd.get_unchecked(b));
+            *acc = _mm256_fmadd_ps(d, sums, *acc);
+        }
+    };
+    let full = w.len() / CHAINS * CHAINS;
+    for (i, four) in w[..full].chunks_exact(CHAINS).enumerate() {
+        let b = i * CHAINS;
+        let [a0, a1, a2, a3] = &mut acc;
+        step(a0, b, &four[0]);
+        step(a1, b + 1, &four[1]);
+        step(a2, b + 2, &four[2]);
+        step(a3, b + 3, &four[3]);
+    }
+    for (b, blk) in w.iter().enumerate().skip(full) {
+        step(&mut acc[b % CHAINS], b, blk);
+    }
+    reduce_chains(acc)
+}
+
+/// [`dot_blocks`] for Q8_0 (its lanes read no offsets).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q8_0(
     w: &[moek_ir::quant::BlockQ8_0],
@@ -303,52 +387,21 @@ pub(crate) unsafe fn dot_q8_0(
     xq: &[i8],
     ahead: usize,
 ) -> f32 {
-    assert!(xd.len() >= w.len() && xq.len() >= w.len() * 32);
-    let mut acc = _mm256_setzero_ps();
-    for (b, blk) in w.iter().enumerate() {
-        let p: *const u8 = (blk as *const moek_ir::quant::BlockQ8_0).cast();
-        crate::memory::prefetch(p.wrapping_add(ahead));
-        // SAFETY: a block holds 32 bytes of values; `xq` holds 32 per block (asserted).
-        let (wv, xv) = unsafe {
-            (
-                _mm256_loadu_si256(blk.qs.as_ptr().cast()),
-                _mm256_loadu_si256(xq.as_ptr().add(b * 32).cast()),
-            )
-        };
-        let d = _mm256_set1_ps(crate::element::f16_to_f32(blk.d) * xd[b]);
-        acc = _mm256_fmadd_ps(d, mul_sum_i8(wv, xv), acc);
-    }
-    reduce(acc)
+    // SAFETY: this function's features are the ones `dot_blocks` needs.
+    unsafe { dot_blocks(w, xd, xq, &[], ahead) }
 }
 
-/// [`crate::quant::QuantBlock::dot_avx2`] for Q4_0: the 16 bytes of nibbles spread to 32 bytes
-/// (low nibbles are values 0..16, high ones 16..32), less 8, then as Q8_0.
+/// [`dot_blocks`] for Q4_0, with the activation's offsets.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q4_0(
     w: &[moek_ir::quant::BlockQ4_0],
     xd: &[f32],
     xq: &[i8],
+    offsets: &[i32],
     ahead: usize,
 ) -> f32 {
-    assert!(xd.len() >= w.len() && xq.len() >= w.len() * 32);
-    let (low, eight) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(8));
-    let mut acc = _mm256_setzero_ps();
-    for (b, blk) in w.iter().enumerate() {
-        let p: *const u8 = (blk as *const moek_ir::quant::BlockQ4_0).cast();
-        crate::memory::prefetch(p.wrapping_add(ahead));
-        // SAFETY: a block holds 16 bytes of nibbles; `xq` holds 32 per block (asserted).
-        let (packed, xv) = unsafe {
-            (
-                _mm_loadu_si128(blk.qs.as_ptr().cast()),
-                _mm256_loadu_si256(xq.as_ptr().add(b * 32).cast()),
-            )
-        };
-        let both = _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed);
-        let wv = _mm256_sub_epi8(_mm256_and_si256(both, low), eight);
-        let d = _mm256_set1_ps(crate::element::f16_to_f32(blk.d) * xd[b]);
-        acc = _mm256_fmadd_ps(d, mul_sum_i8(wv, xv), acc);
-    }
-    reduce(acc)
+    // SAFETY: as for Q8_0.
+    unsafe { dot_blocks(w, xd, xq, offsets, ahead) }
 }
 
 /// GEMM `c += a . b^T` as f32 FMA tiles over widened operands (see [`crate::gemm`]).

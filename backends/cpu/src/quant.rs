@@ -24,6 +24,10 @@ use std::ops::Range;
 pub struct QuantizedActivation {
     pub scales: Vec<f32>,
     pub values: Vec<i8>,
+    /// Per block, 8 x the sum of each run of 4 values (8 per block): what Q4_0's offset of 8
+    /// takes from each 32-bit lane of a block's dot product, so the AVX2 kernel multiplies the
+    /// nibbles as they are stored (0..=15) and subtracts this once.
+    pub offsets: Vec<i32>,
 }
 
 impl QuantizedActivation {
@@ -37,14 +41,21 @@ impl QuantizedActivation {
         );
         self.scales.clear();
         self.values.clear();
+        self.offsets.clear();
         for block in x.chunks_exact(BLOCK) {
             let amax = block.iter().fold(0f32, |m, v| m.max(v.to_f32().abs()));
             let d = amax / 127.0;
             let id = if d != 0.0 { 1.0 / d } else { 0.0 };
             self.scales.push(d);
             // |v * id| <= 127: never -128, which the AVX2 kernel's sign trick could not negate.
+            let start = self.values.len();
             self.values
                 .extend(block.iter().map(|v| (v.to_f32() * id).round() as i8));
+            self.offsets.extend(
+                self.values[start..]
+                    .chunks_exact(4)
+                    .map(|four| 8 * four.iter().map(|&q| i32::from(q)).sum::<i32>()),
+            );
         }
     }
 }
@@ -89,9 +100,10 @@ plain_weight!(half::f16, half::bf16, f32);
 pub trait QuantBlock: Quantized + Copy + Send + Sync + 'static {
     /// `sum_b scale(w[b]) * xd[b] * (w[b] . xq[b])`, blocks in order.
     fn dot_portable(w: &[Self], xd: &[f32], xq: &[i8]) -> f32;
-    /// The same on AVX2 (8 lanes, reduced by a fixed tree); prefetches `ahead` bytes on.
+    /// The same on AVX2 (8 lanes, reduced by a fixed tree) for blocks `blocks` of `x`;
+    /// prefetches `ahead` bytes on.
     #[cfg(target_arch = "x86_64")]
-    fn dot_avx2(w: &[Self], xd: &[f32], xq: &[i8], ahead: usize) -> f32;
+    fn dot_avx2(w: &[Self], x: &QuantizedActivation, blocks: Range<usize>, ahead: usize) -> f32;
 }
 
 impl QuantBlock for BlockQ8_0 {
@@ -109,7 +121,11 @@ impl QuantBlock for BlockQ8_0 {
     }
 
     #[cfg(target_arch = "x86_64")]
-    fn dot_avx2(w: &[Self], xd: &[f32], xq: &[i8], ahead: usize) -> f32 {
+    fn dot_avx2(w: &[Self], x: &QuantizedActivation, b: Range<usize>, ahead: usize) -> f32 {
+        let (xd, xq) = (
+            &x.scales[b.clone()],
+            &x.values[b.start * BLOCK..b.end * BLOCK],
+        );
         // SAFETY: `rows_q` checked the level; the slices hold `w.len()` blocks.
         unsafe { crate::avx2::dot_q8_0(w, xd, xq, ahead) }
     }
@@ -128,9 +144,14 @@ impl QuantBlock for BlockQ4_0 {
     }
 
     #[cfg(target_arch = "x86_64")]
-    fn dot_avx2(w: &[Self], xd: &[f32], xq: &[i8], ahead: usize) -> f32 {
+    fn dot_avx2(w: &[Self], x: &QuantizedActivation, b: Range<usize>, ahead: usize) -> f32 {
+        let (xd, xq) = (
+            &x.scales[b.clone()],
+            &x.values[b.start * BLOCK..b.end * BLOCK],
+        );
+        let offsets = &x.offsets[b.start * 8..b.end * 8];
         // SAFETY: as for Q8_0.
-        unsafe { crate::avx2::dot_q4_0(w, xd, xq, ahead) }
+        unsafe { crate::avx2::dot_q4_0(w, xd, xq, offsets, ahead) }
     }
 }
 
@@ -198,11 +219,11 @@ pub fn rows_q<Q: QuantBlock>(
         let mut sum = 0f32;
         for &(s, e) in segs {
             let (s, e) = (s / BLOCK, e / BLOCK);
-            let (w, xd, xq) = (&row[s..e], &x.scales[s..e], &x.values[s * BLOCK..e * BLOCK]);
+            let w = &row[s..e];
             sum += match level {
                 #[cfg(target_arch = "x86_64")]
-                Isa::Amx | Isa::Avx512Bf16 | Isa::Avx2 => Q::dot_avx2(w, xd, xq, ahead),
-                _ => Q::dot_portable(w, xd, xq),
+                Isa::Amx | Isa::Avx512Bf16 | Isa::Avx2 => Q::dot_avx2(w, x, s..e, ahead),
+                _ => Q::dot_portable(w, &x.scales[s..e], &x.values[s * BLOCK..e * BLOCK]),
             };
         }
         *o = sum;

@@ -4,8 +4,11 @@
 use super::config::{Attention, Moe};
 use super::model::Model;
 use super::weights::{DecoderLayer, MoeBlock};
-use crate::forward::{LayerCache, ModelError, Trace, dense_mlp, run_traced};
+use crate::forward::{
+    LayerCache, ModelError, Trace, dense_mlp, quantized_experts, run_traced, run_traced_quantized,
+};
 use crate::ops::{self, Float, linear, normed, rms_norm, to_w};
+use crate::quantized::Stored;
 use moek_kernels::Inputs;
 use moek_kernels::ir::Activation;
 
@@ -71,29 +74,38 @@ impl<W: Float> Model<'_, W> {
         };
         let s = h.len() / hd;
         let (idx, weights) = self.route(h, mw, moe);
-        let xe = to_w::<W>(&normed(h, hd, &mw.pre_feedforward_layernorm_2, eps));
+        let xn = normed(h, hd, &mw.pre_feedforward_layernorm_2, eps);
         let mut m = vec![0f32; s * hd];
-        let inputs = Inputs::ExpertFfn {
-            x: &xe,
-            idx: &idx,
-            weights: &weights,
-            gate_up: &mw.experts.gate_up_proj,
-            down: &mw.experts.down_proj,
-            bias: Default::default(),
-        };
         let shape = self.moe_shape(s, moe);
         let forced = self.variant.as_deref();
-        run_traced(
-            &self.backend,
-            i,
-            "moe",
-            Activation::GeluTanh,
-            &shape,
-            &inputs,
-            &mut m,
-            forced,
-            trace,
-        )?;
+        let (act, b) = (Activation::GeluTanh, &self.backend);
+        match (&mw.experts.gate_up_proj, &mw.experts.down_proj) {
+            (Stored::Plain(gate_up), Stored::Plain(down)) => {
+                let xe = to_w::<W>(&xn);
+                let inputs = Inputs::ExpertFfn {
+                    x: &xe,
+                    idx: &idx,
+                    weights: &weights,
+                    gate_up,
+                    down,
+                    bias: Default::default(),
+                };
+                run_traced(b, i, "moe", act, &shape, &inputs, &mut m, forced, trace)?;
+            }
+            (Stored::Q8_0(gate_up), Stored::Q8_0(down)) => {
+                let inputs = quantized_experts(&xn, &idx, &weights, gate_up, down);
+                run_traced_quantized(b, i, "moe", act, &shape, &inputs, &mut m, forced, trace)?;
+            }
+            (Stored::Q4_0(gate_up), Stored::Q4_0(down)) => {
+                let inputs = quantized_experts(&xn, &idx, &weights, gate_up, down);
+                run_traced_quantized(b, i, "moe", act, &shape, &inputs, &mut m, forced, trace)?;
+            }
+            (g, d) => unreachable!(
+                "layer {i}'s banks are {} and {}: a model's banks share one format",
+                g.dtype(),
+                d.dtype()
+            ),
+        }
         Ok(m)
     }
 

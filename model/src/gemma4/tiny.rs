@@ -5,8 +5,9 @@
 use crate::checkpoint::LoadError;
 use crate::gemma4::config::{Attention, Config, Layer, Moe, Rope};
 use crate::gemma4::weights::{Source, Weights, build};
+use crate::quantized::{Quant, Stored};
 use moek_kernels::Elem;
-use moek_kernels::testing::uniform;
+use moek_kernels::testing::{uniform, uniform_blocks};
 use std::borrow::Cow;
 
 pub fn config() -> Config {
@@ -59,12 +60,39 @@ pub fn weights<W: Elem>(cfg: &Config) -> Weights<'static, W> {
 
 /// The tiny model's weights as a [`Source`]: matrices uniform in +-1/sqrt(fan-in) (the
 /// embedding narrower), norms and scales 1 +- 0.3, layer `i`'s scalar 0.6 + 0.1 i; each kind
-/// from its own run of seeds, in the order [`build`] asks.
+/// from its own run of seeds, in the order [`build`] asks. With `quantize`, expert banks are
+/// drawn straight into blocks: the blocks of the values drawn without it.
 #[derive(Debug, Default)]
 pub struct Draw {
     matrices: u64,
     vectors: u64,
     scalars: usize,
+    quantize: Option<Quant>,
+}
+
+impl Draw {
+    /// The tiny model's draw with expert banks in `quantize`'s blocks.
+    pub fn quantized(quantize: Option<Quant>) -> Draw {
+        Draw {
+            quantize,
+            ..Draw::default()
+        }
+    }
+
+    /// The next matrix's (values, seed, scale).
+    fn next_matrix(&mut self, names: &[String], shape: &[usize]) -> (usize, u64, f32) {
+        self.matrices += 1;
+        // Narrow enough that greedy tokens vary (a wide tied embedding makes one token win).
+        let fan_in = match names[0].ends_with("embed_tokens.weight") {
+            true => 44,
+            false => shape[shape.len() - 1],
+        };
+        (
+            shape.iter().product(),
+            1000 + self.matrices,
+            1.0 / (fan_in as f32).sqrt(),
+        )
+    }
 }
 
 impl<W: Elem> Source<'static, W> for Draw {
@@ -73,18 +101,19 @@ impl<W: Elem> Source<'static, W> for Draw {
         names: &[String],
         shape: &[usize],
     ) -> Result<Cow<'static, [W]>, LoadError> {
-        self.matrices += 1;
-        // Narrow enough that greedy tokens vary (a wide tied embedding makes one token win).
-        let fan_in = match names[0].ends_with("embed_tokens.weight") {
-            true => 44,
-            false => shape[shape.len() - 1],
+        let (n, seed, scale) = self.next_matrix(names, shape);
+        Ok(Cow::Owned(uniform(n, seed, scale)))
+    }
+
+    fn bank(&mut self, names: &[String], shape: &[usize]) -> Result<Stored<'static, W>, LoadError> {
+        let Some(quant) = self.quantize else {
+            return Ok(Stored::Plain(self.matrix(names, shape)?));
         };
-        let n = shape.iter().product();
-        Ok(Cow::Owned(uniform(
-            n,
-            1000 + self.matrices,
-            1.0 / (fan_in as f32).sqrt(),
-        )))
+        let (n, seed, scale) = self.next_matrix(names, shape);
+        Ok(match quant {
+            Quant::Q8 => Stored::Q8_0(Cow::Owned(uniform_blocks::<W, _>(n, seed, scale))),
+            Quant::Q4 => Stored::Q4_0(Cow::Owned(uniform_blocks::<W, _>(n, seed, scale))),
+        })
     }
 
     fn vector(&mut self, names: &[String], shape: &[usize]) -> Result<Vec<f32>, LoadError> {

@@ -5,9 +5,14 @@
 //! [`build`] is the one table of the model's tensors (key, shape, field): loading from a
 //! checkpoint, drawing the tiny model and writing a checkpoint are each a [`Source`] it reads.
 
-use crate::checkpoint::{Checkpoint, LoadError, Residence, dtype_of};
+use crate::checkpoint::{
+    Checkpoint, LoadError, QUANTIZATION_KEY, Residence, block_shape, dtype_of,
+};
 use crate::gemma4::config::{Config, Moe};
+use crate::quantized::{Quant, Stored};
 use moek_kernels::Elem;
+use moek_kernels::ir::DType;
+use moek_kernels::ir::quant::{BlockQ4_0, BlockQ8_0};
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 use std::borrow::Cow;
@@ -42,13 +47,13 @@ pub struct Router<'c, W: Clone> {
     pub per_expert_scale: Vec<f32>,
 }
 
-/// `experts.*`.
+/// `experts.*`, in `W` or both in one quantized format ([`crate::quantized`]).
 #[derive(Debug)]
 pub struct Experts<'c, W: Clone> {
     /// `[E, 2F, H]`, gate rows first: the layout every MoE variant reads in place.
-    pub gate_up_proj: Cow<'c, [W]>,
+    pub gate_up_proj: Stored<'c, W>,
     /// `[E, H, F]`.
-    pub down_proj: Cow<'c, [W]>,
+    pub down_proj: Stored<'c, W>,
 }
 
 /// A layer's MoE block: its router, experts and the three norms around them.
@@ -86,14 +91,15 @@ pub struct Weights<'c, W: Clone> {
     pub layers: Vec<DecoderLayer<'c, W>>,
 }
 
-impl<W: Clone> Weights<'_, W> {
+impl<W: Elem> Weights<'_, W> {
     /// The LM head matrix `[V, H]`.
     pub fn head(&self) -> &[W] {
         self.lm_head.as_deref().unwrap_or(&self.embed_tokens)
     }
 
-    /// Bytes of every weight matrix (norms and scales are f32 vectors, left out).
+    /// Bytes of every weight matrix as stored (norms and scales are f32 vectors, left out).
     pub fn bytes(&self) -> usize {
+        let mut experts = 0;
         let mut n = self.embed_tokens.len() + self.lm_head.as_ref().map_or(0, |h| h.len());
         for l in &self.layers {
             let (a, m) = (&l.self_attn, &l.mlp);
@@ -110,10 +116,11 @@ impl<W: Clone> Weights<'_, W> {
             .sum::<usize>();
             n += a.v_proj.as_ref().map_or(0, |v| v.len());
             if let Some(m) = &l.moe {
-                n += m.router.proj.len() + m.experts.gate_up_proj.len() + m.experts.down_proj.len();
+                n += m.router.proj.len();
+                experts += m.experts.gate_up_proj.bytes() + m.experts.down_proj.bytes();
             }
         }
-        n * std::mem::size_of::<W>()
+        n * std::mem::size_of::<W>() + experts
     }
 }
 
@@ -134,6 +141,8 @@ pub trait Source<'c, W: Clone> {
     fn vector(&mut self, names: &[String], shape: &[usize]) -> Result<Vec<f32>, LoadError>;
     /// Whether an optional tensor is present.
     fn has(&self, names: &[String]) -> bool;
+    /// An expert bank: a matrix in `W`, or in the blocks it is stored or asked in.
+    fn bank(&mut self, names: &[String], shape: &[usize]) -> Result<Stored<'c, W>, LoadError>;
 }
 
 /// The model's tensors, in one table: what `cfg` needs, by checkpoint key and shape, read from
@@ -175,8 +184,8 @@ pub fn build<'c, W: Clone>(
                     per_expert_scale: src.vector(&key("router.per_expert_scale"), &[e])?,
                 },
                 experts: Experts {
-                    gate_up_proj: src.matrix(&key("experts.gate_up_proj"), &[e, 2 * f, h])?,
-                    down_proj: src.matrix(&key("experts.down_proj"), &[e, h, f])?,
+                    gate_up_proj: src.bank(&key("experts.gate_up_proj"), &[e, 2 * f, h])?,
+                    down_proj: src.bank(&key("experts.down_proj"), &[e, h, f])?,
                 },
             }),
         };
@@ -217,10 +226,13 @@ pub fn build<'c, W: Clone>(
 }
 
 /// Reads a checkpoint, checking names, shapes and dtypes; matrices live where `residence` says.
+/// Expert banks are read as stored, quantized or not; plain ones are quantized to `quantize`
+/// as they are read, if it is set.
 #[derive(Debug)]
 pub struct FromCheckpoint<'c> {
     pub checkpoint: &'c Checkpoint,
     pub residence: Residence,
+    pub quantize: Option<Quant>,
 }
 
 impl<'c, W: Elem> Source<'c, W> for FromCheckpoint<'c> {
@@ -233,18 +245,34 @@ impl<'c, W: Elem> Source<'c, W> for FromCheckpoint<'c> {
     fn has(&self, names: &[String]) -> bool {
         self.checkpoint.has(names)
     }
+    fn bank(&mut self, names: &[String], shape: &[usize]) -> Result<Stored<'c, W>, LoadError> {
+        crate::quantized::read_bank(self.checkpoint, names, shape, self.residence, self.quantize)
+    }
 }
 
-/// Loads every weight `cfg` needs from `ck` ([`build`] over [`FromCheckpoint`]).
+/// Loads every weight `cfg` needs from `ck` ([`build`] over [`FromCheckpoint`]), expert banks
+/// as stored.
 pub fn load<'c, W: Elem>(
     ck: &'c Checkpoint,
     cfg: &Config,
     residence: Residence,
     progress: impl FnMut(usize),
 ) -> Result<Weights<'c, W>, LoadError> {
+    load_quantized(ck, cfg, residence, None, progress)
+}
+
+/// [`load`], plain expert banks quantized to `quantize` as they are read (`--quantize`).
+pub fn load_quantized<'c, W: Elem>(
+    ck: &'c Checkpoint,
+    cfg: &Config,
+    residence: Residence,
+    quantize: Option<Quant>,
+    progress: impl FnMut(usize),
+) -> Result<Weights<'c, W>, LoadError> {
     let mut src = FromCheckpoint {
         checkpoint: ck,
         residence,
+        quantize,
     };
     build(&mut src, cfg, progress)
 }
@@ -259,6 +287,8 @@ struct Recorder<S, W> {
 enum Data<W> {
     Matrix(Vec<W>),
     Vector(Vec<f32>),
+    /// Quantized blocks, as bytes, in the format named.
+    Blocks(Vec<u8>, DType),
 }
 
 impl<W: Elem, S: Source<'static, W>> Source<'static, W> for Recorder<S, W> {
@@ -281,11 +311,28 @@ impl<W: Elem, S: Source<'static, W>> Source<'static, W> for Recorder<S, W> {
     fn has(&self, names: &[String]) -> bool {
         self.inner.has(names)
     }
+    fn bank(&mut self, names: &[String], shape: &[usize]) -> Result<Stored<'static, W>, LoadError> {
+        let (stored_shape, data) = match self.inner.bank(names, shape)? {
+            Stored::Plain(m) => (shape.to_vec(), Data::Matrix(m.into_owned())),
+            Stored::Q8_0(b) => (
+                block_shape::<BlockQ8_0>(shape),
+                Data::Blocks(bytemuck::cast_slice(&b).to_vec(), DType::Q8_0),
+            ),
+            Stored::Q4_0(b) => (
+                block_shape::<BlockQ4_0>(shape),
+                Data::Blocks(bytemuck::cast_slice(&b).to_vec(), DType::Q4_0),
+            ),
+        };
+        self.tensors.push((names[0].clone(), stored_shape, data));
+        Ok(Stored::Plain(Cow::Owned(Vec::new())))
+    }
 }
 
 /// Writes the tensors `src` gives for `cfg` to `path` as one safetensors file, under the names
-/// [`load`] reads (the text-only `model.` layout; matrices in `W`, norms and scales in f32). The
-/// model bench writes its random weights with it to time decode from a real file.
+/// [`load`] reads (the text-only `model.` layout; matrices in `W`, norms and scales in f32,
+/// quantized expert banks as `u8` blocks with their format in the metadata). The model bench
+/// writes its random weights with it to time decode from a real file; `moek quantize` writes
+/// quantized checkpoints with it.
 pub fn save<W: Elem>(
     src: impl Source<'static, W>,
     cfg: &Config,
@@ -300,6 +347,7 @@ pub fn save<W: Elem>(
         path: path.to_path_buf(),
         why,
     };
+    let mut quantization = None;
     let views = rec
         .tensors
         .iter()
@@ -307,6 +355,10 @@ pub fn save<W: Elem>(
             let (dtype, bytes) = match data {
                 Data::Matrix(m) => (dtype_of::<W>(), bytemuck::cast_slice::<W, u8>(m)),
                 Data::Vector(v) => (Dtype::F32, bytemuck::cast_slice::<f32, u8>(v)),
+                Data::Blocks(b, format) => {
+                    quantization = Some(*format);
+                    (Dtype::U8, &b[..])
+                }
             };
             match TensorView::new(dtype, shape.clone(), bytes) {
                 Ok(view) => Ok((name.as_str(), view)),
@@ -316,5 +368,8 @@ pub fn save<W: Elem>(
             }
         })
         .collect::<Result<Vec<_>, _>>()?;
-    safetensors::serialize_to_file(views, None, path).map_err(|e| format(e.to_string()))
+    let metadata = quantization.map(|q| {
+        std::collections::HashMap::from([(QUANTIZATION_KEY.to_string(), q.name().to_string())])
+    });
+    safetensors::serialize_to_file(views, metadata, path).map_err(|e| format(e.to_string()))
 }

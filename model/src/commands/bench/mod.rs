@@ -31,6 +31,10 @@ pub struct BenchArgs {
     /// huge pages.
     #[arg(long, value_enum)]
     pub from_file: Option<crate::checkpoint::Residence>,
+    /// Model bench: the expert banks drawn straight into these quantized blocks (the rest stays
+    /// bf16); bytes per decode step are counted as stored.
+    #[arg(long, value_enum)]
+    pub dtype: Option<crate::quantized::Quant>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -149,15 +149,17 @@ fn seconds_of(trace: &[Trace], what: &str) -> f64 {
 
 /// The bench's random weights written to a fresh safetensors file and mapped back. The file is
 /// unlinked once mapped (the map keeps its pages), so nothing is left behind.
-fn written(cfg: &crate::gemma4::config::Config) -> Result<Checkpoint, CommandError> {
+fn written(
+    cfg: &crate::gemma4::config::Config,
+    draw: crate::gemma4::tiny::Draw,
+) -> Result<Checkpoint, CommandError> {
     let dir = std::env::temp_dir().join(format!("moek-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|source| LoadError::Io {
         path: dir.clone(),
         source,
     })?;
     let path = dir.join("model.safetensors");
-    let saved =
-        crate::gemma4::weights::save::<bf16>(crate::gemma4::tiny::Draw::default(), cfg, &path);
+    let saved = crate::gemma4::weights::save::<bf16>(draw, cfg, &path);
     let ck = saved.and_then(|()| Checkpoint::from_files(std::slice::from_ref(&path)));
     let _ = std::fs::remove_dir_all(&dir);
     Ok(ck?)
@@ -172,20 +174,27 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
         Geometry::Gemma4_26bA4b => {
             let cfg = crate::gemma4::tiny::gemma4_26b(layers);
             let ck;
+            let draw = crate::gemma4::tiny::Draw::quantized(args.dtype);
             let weights = match args.from_file {
-                None => crate::gemma4::tiny::weights::<bf16>(&cfg),
+                None => crate::gemma4::weights::build(&mut { draw }, &cfg, |_| {})?,
                 Some(residence) => {
-                    ck = written(&cfg)?;
+                    ck = written(&cfg, draw)?;
                     crate::gemma4::weights::load::<bf16>(&ck, &cfg, residence, |_| {})?
                 }
             };
             let weights_bytes = weights.bytes() as u64;
-            let work = Work::gemma4(&cfg, PROMPT);
+            let work = Work::gemma4(&cfg, PROMPT, args.dtype);
             let vocab = cfg.vocab;
             let model = Model::new(cfg, weights, args.backend.backend(), None);
             timed(args, "26b-a4b", layers, &model, vocab, weights_bytes, work)
         }
         Geometry::Qwen3_30bA3b => {
+            if args.dtype.is_some() {
+                return Err(CommandError::Usage(
+                    "`--dtype` quantizes the 26b-a4b geometry's experts; qwen3-30b-a3b runs bf16"
+                        .into(),
+                ));
+            }
             if args.from_file.is_some() {
                 return Err(CommandError::Usage(
                     "`--from-file` writes and loads the 26b-a4b geometry's checkpoint;                      qwen3-30b-a3b is built in memory only"
@@ -335,16 +344,25 @@ impl Work {
     /// the eight selected experts (the KV cache is small beside them at this length). Per
     /// prefill of `s` tokens: two FLOPs per multiply-add of every matrix product, attention over
     /// the visible keys, and the LM head on the final row.
-    fn gemma4(cfg: &crate::gemma4::config::Config, s: usize) -> Work {
+    /// Expert weights take `quant`'s bytes per value as stored (scales included).
+    fn gemma4(
+        cfg: &crate::gemma4::config::Config,
+        s: usize,
+        quant: Option<crate::quantized::Quant>,
+    ) -> Work {
         let (h, e, st) = (cfg.hidden as f64, 2.0, s as f64);
-        let mut decode_macs = cfg.vocab as f64 * h;
+        let expert_bytes = quant.map_or(e, |q| {
+            let block = q.dtype().block_bytes().expect("a quantized dtype") as f64;
+            block / moek_kernels::ir::quant::BLOCK as f64
+        });
+        let mut decode_bytes = cfg.vocab as f64 * h * e;
         let mut prefill_flops = 2.0 * cfg.vocab as f64 * h;
         let mut moe_decode = 0.0;
         for l in &cfg.layers {
             let (d, kv, nh) = (l.head_dim as f64, l.kv_heads as f64, cfg.heads as f64);
             let v = if l.k_eq_v { 0.0 } else { kv * d * h };
             let dense = (2.0 * nh * d * h + kv * d * h + v) + 3.0 * cfg.intermediate as f64 * h;
-            decode_macs += dense;
+            decode_bytes += dense * e;
             prefill_flops += 2.0 * st * dense;
             // Causal: query i sees i + 1 keys, at most the window on sliding layers.
             let window = match l.attention {
@@ -356,14 +374,14 @@ impl Work {
             if let Some(m) = cfg.moe {
                 let experts = (m.top_k * 3 * m.intermediate) as f64 * h;
                 let router = m.experts as f64 * h;
-                moe_decode = experts * e;
-                decode_macs += experts + router;
+                moe_decode = experts * expert_bytes;
+                decode_bytes += moe_decode + router * e;
                 prefill_flops += 2.0 * st * (experts + router);
             }
         }
         Work {
             prefill_flops,
-            decode_bytes: decode_macs * e,
+            decode_bytes,
             moe_decode_bytes: moe_decode,
         }
     }

@@ -1,0 +1,151 @@
+//! Weight matrices stored in quantized blocks (Q8_0, Q4_0; docs/quantization.md): the flag that
+//! names a format, a matrix as it is stored, and turning a plain matrix into blocks.
+//!
+//! Which matrices are quantized: the routed experts' banks (`gate_up_proj`, `down_proj`), 93%
+//! of the 26B-A4B's weights and nearly all of what a decode step reads. Attention, the dense
+//! MLP, the router and the embedding (the tied LM head) stay in the model's element type;
+//! norms and scales stay f32.
+
+use crate::checkpoint::{Checkpoint, LoadError, Residence};
+use moek_kernels::Elem;
+use moek_kernels::ir::DType;
+use moek_kernels::ir::quant::{BLOCK, BlockQ4_0, BlockQ8_0, Quantized};
+use rayon::prelude::*;
+use std::borrow::Cow;
+
+/// A quantized weight format, as `--quantize` and `--dtype` name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Quant {
+    /// Q8_0: 8-bit values and an f16 scale per 32 (8.5 bits a weight).
+    Q8,
+    /// Q4_0: 4-bit values and an f16 scale per 32 (4.5 bits a weight).
+    Q4,
+}
+
+impl Quant {
+    /// The kernel dtype of the format.
+    pub fn dtype(self) -> DType {
+        match self {
+            Quant::Q8 => DType::Q8_0,
+            Quant::Q4 => DType::Q4_0,
+        }
+    }
+
+    /// The format of a quantized kernel dtype.
+    pub fn of(dtype: DType) -> Option<Quant> {
+        match dtype {
+            DType::Q8_0 => Some(Quant::Q8),
+            DType::Q4_0 => Some(Quant::Q4),
+            _ => None,
+        }
+    }
+}
+
+/// A weight matrix as it is stored: in the model's element type `W`, or in blocks.
+#[derive(Debug)]
+pub enum Stored<'c, W: Clone> {
+    Plain(Cow<'c, [W]>),
+    Q8_0(Cow<'c, [BlockQ8_0]>),
+    Q4_0(Cow<'c, [BlockQ4_0]>),
+}
+
+impl<W: Elem> Stored<'_, W> {
+    /// Bytes as stored (scales included).
+    pub fn bytes(&self) -> usize {
+        match self {
+            Stored::Plain(m) => size_of_val(&m[..]),
+            Stored::Q8_0(b) => size_of_val(&b[..]),
+            Stored::Q4_0(b) => size_of_val(&b[..]),
+        }
+    }
+
+    /// The kernel dtype the matrix is stored in.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Stored::Plain(_) => W::DTYPE,
+            Stored::Q8_0(_) => DType::Q8_0,
+            Stored::Q4_0(_) => DType::Q4_0,
+        }
+    }
+
+    /// The same matrix, borrowed.
+    pub fn borrowed(&self) -> Stored<'_, W> {
+        match self {
+            Stored::Plain(m) => Stored::Plain(Cow::Borrowed(m)),
+            Stored::Q8_0(b) => Stored::Q8_0(Cow::Borrowed(b)),
+            Stored::Q4_0(b) => Stored::Q4_0(Cow::Borrowed(b)),
+        }
+    }
+
+    /// `values` in `quant`'s blocks (as they are, for `None`).
+    pub fn quantize(values: Cow<'_, [W]>, quant: Option<Quant>) -> Stored<'_, W> {
+        match quant {
+            None => Stored::Plain(values),
+            Some(Quant::Q8) => Stored::Q8_0(Cow::Owned(blocks(&values))),
+            Some(Quant::Q4) => Stored::Q4_0(Cow::Owned(blocks(&values))),
+        }
+    }
+}
+
+/// Expert bank `names` (of `shape` values) from `ck`: its blocks if it is stored quantized,
+/// else the matrix in `W`, quantized to `quantize` as it is read if that is set.
+pub fn read_bank<'c, W: Elem>(
+    ck: &'c Checkpoint,
+    names: &[String],
+    shape: &[usize],
+    residence: Residence,
+    quantize: Option<Quant>,
+) -> Result<Stored<'c, W>, LoadError> {
+    match (ck.quantized(names), quantize) {
+        (Some(DType::Q8_0), _) => Ok(Stored::Q8_0(ck.blocks(names, shape, residence)?)),
+        (Some(_), _) => Ok(Stored::Q4_0(ck.blocks(names, shape, residence)?)),
+        (None, None) => Ok(Stored::Plain(ck.matrix(names, shape, residence)?)),
+        (None, Some(Quant::Q8)) => Ok(Stored::Q8_0(Cow::Owned(ck.quantize::<W, _>(names, shape)?))),
+        (None, Some(Quant::Q4)) => Ok(Stored::Q4_0(Cow::Owned(ck.quantize::<W, _>(names, shape)?))),
+    }
+}
+
+/// `values` (whole blocks) quantized block by block in parallel, into huge pages (the banks are
+/// streamed like any weight).
+pub fn blocks<W: Elem, Q: Quantized>(values: &[W]) -> Vec<Q> {
+    assert!(
+        values.len().is_multiple_of(BLOCK),
+        "{} values are not whole blocks of {BLOCK}",
+        values.len()
+    );
+    let mut out: Vec<Q> = moek_cpu::memory::huge_vec(values.len() / BLOCK);
+    out.par_iter_mut()
+        .zip(values.par_chunks_exact(BLOCK))
+        .for_each(|(b, v)| {
+            let mut block = [0f32; BLOCK];
+            for (x, w) in block.iter_mut().zip(v) {
+                *x = w.to_f32();
+            }
+            *b = Q::quantize(&block);
+        });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+    use moek_kernels::ir::quant::dequantize;
+
+    #[test]
+    fn a_quantized_matrix_dequantizes_near_its_values() {
+        let values: Vec<bf16> = (0..4 * BLOCK)
+            .map(|i| bf16::from_f32((i as f32 * 0.37).sin()))
+            .collect();
+        let Stored::Q8_0(b) = Stored::quantize(Cow::Borrowed(&values[..]), Some(Quant::Q8)) else {
+            panic!("asked for Q8_0");
+        };
+        assert_eq!(b.len(), 4);
+        for (got, want) in dequantize(&b).iter().zip(&values) {
+            assert!(
+                (got - want.to_f32()).abs() <= 1.0 / 254.0 + 1e-3,
+                "{got} vs {want}"
+            );
+        }
+    }
+}
