@@ -334,6 +334,15 @@ kernel! {
         targets: cpu, wgpu;
         cores:   V = 32;
     }
+
+    /// The LM head row over an embedding in Q8_0 or Q4_0 blocks (f32 hidden row): 32
+    /// vocabulary slices, each row an integer dot over 32-value blocks.
+    pub general_lm_head_row_quantized = lm_head_row {
+        dims:    T, H, V;
+        dtypes:  q8_0, q4_0;
+        targets: cpu;
+        cores:   V = 32;
+    }
 }
 
 /// Every built-in spec, in declaration order.
@@ -370,6 +379,7 @@ pub fn all() -> &'static [KernelEntry] {
             general_shared_experts_gated::entry(),
             dense_mlp_26b::entry(),
             general_lm_head_row::entry(),
+            general_lm_head_row_quantized::entry(),
         ]
     })
 }

@@ -600,7 +600,12 @@ impl<Q: QuantElem> QuantCase<Q> {
                 down: p("down"),
                 bias: Biases::default(),
             },
-            op => unreachable!("the checker keeps quantized weights to expert ops, not {op}"),
+            Op::LmHeadRow => Inputs::LmHeadRow {
+                hidden: &c.x,
+                emb: p("emb"),
+                softcap: c.softcap,
+            },
+            Op::DenseMlp => unreachable!("the checker keeps quantized weights off dense_mlp"),
         }
     }
 }

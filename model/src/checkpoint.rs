@@ -225,6 +225,11 @@ impl Checkpoint {
         })
     }
 
+    /// The block format the checkpoint's quantized tensors are in, if it has any.
+    pub fn quantization(&self) -> Option<DType> {
+        self.quantization
+    }
+
     /// The block format of the first of `names` present, if it is stored quantized (a `u8`
     /// tensor in a checkpoint that names its format).
     pub fn quantized(&self, names: &[String]) -> Option<DType> {
@@ -294,6 +299,13 @@ impl Checkpoint {
     /// Bytes of every tensor.
     pub fn bytes(&self) -> usize {
         self.entries.values().map(|e| e.bytes.len()).sum()
+    }
+
+    /// Every tensor's name, stored dtype and bytes.
+    pub fn sizes(&self) -> impl Iterator<Item = (&str, Dtype, usize)> {
+        self.entries
+            .iter()
+            .map(|(name, e)| (name.as_str(), e.dtype, e.bytes.len()))
     }
 
     /// The first of `names` present.

@@ -3,6 +3,7 @@
 //! forward lives in its module ([`crate::gemma4`]).
 
 use crate::ops::{Float, to_w};
+use crate::quantized::Stored;
 use moek_kernels::backend::Uploaded;
 use moek_kernels::dispatch::{self, Backend, Choice, DispatchError, Task};
 use moek_kernels::elem::QuantElem;
@@ -212,12 +213,13 @@ pub(crate) fn dense_mlp<W: Float>(
 }
 
 /// The LM head on the rows `head` asks for of the final normed hidden states `x` (`[S, H]`):
-/// each row rounded to `W` and run through dispatch against `emb` (`[V, H]`).
+/// each row run through dispatch against `emb` (`[V, H]`), rounded to `W` beside a plain
+/// embedding, in f32 beside quantized blocks.
 pub(crate) fn head_rows<W: Float>(
     backend: &Backend,
     x: &[f32],
     (h, vocab): (usize, usize),
-    emb: &[W],
+    emb: &Stored<'_, W>,
     softcap: Option<f32>,
     head: Head,
     trace: &mut Vec<Trace>,
@@ -235,26 +237,50 @@ pub(crate) fn head_rows<W: Float>(
     };
     rows.into_iter()
         .map(|r| {
-            let hidden = to_w::<W>(&x[r * h..(r + 1) * h]);
-            let inputs = Inputs::LmHeadRow {
-                hidden: &hidden,
-                emb,
-                softcap,
-            };
+            let row = &x[r * h..(r + 1) * h];
             let mut logits = vec![0f32; vocab];
             // The LM head has no activation; the task's is the default.
             let act = Activation::default();
-            run_traced(
-                backend,
-                usize::MAX,
-                "lm_head",
-                act,
-                &shape,
-                &inputs,
-                &mut logits,
-                None,
-                trace,
-            )?;
+            let at = (backend, usize::MAX, "lm_head", act, &shape);
+            match emb {
+                Stored::Plain(emb) => {
+                    let hidden = to_w::<W>(row);
+                    let inputs = Inputs::LmHeadRow {
+                        hidden: &hidden,
+                        emb,
+                        softcap,
+                    };
+                    run_traced(
+                        at.0,
+                        at.1,
+                        at.2,
+                        at.3,
+                        at.4,
+                        &inputs,
+                        &mut logits,
+                        None,
+                        trace,
+                    )?;
+                }
+                Stored::Q8_0(emb) => {
+                    let inputs = Inputs::LmHeadRow {
+                        hidden: row,
+                        emb,
+                        softcap,
+                    };
+                    let (b, l, w, a, s) = at;
+                    run_traced_quantized(b, l, w, a, s, &inputs, &mut logits, None, trace)?;
+                }
+                Stored::Q4_0(emb) => {
+                    let inputs = Inputs::LmHeadRow {
+                        hidden: row,
+                        emb,
+                        softcap,
+                    };
+                    let (b, l, w, a, s) = at;
+                    run_traced_quantized(b, l, w, a, s, &inputs, &mut logits, None, trace)?;
+                }
+            }
             Ok(logits)
         })
         .collect()

@@ -48,6 +48,8 @@ enum Command {
     Logits(commands::run::LogitsArgs),
     /// Generate tokens from a Gemma-4 checkpoint.
     Generate(commands::run::GenerateArgs),
+    /// Write a checkpoint with its expert banks in Q8_0 or Q4_0 blocks.
+    Quantize(commands::quantize::QuantizeArgs),
     /// Measure decode bandwidth and prefill throughput against this machine's floors.
     Bench(commands::bench::BenchArgs),
     /// The Spyre cost model beside the public device figures.
@@ -71,6 +73,7 @@ fn main() -> ExitCode {
             full,
         } => commands::check::run(&require, filter.as_deref(), full),
         Command::Bench(args) => commands::bench::run(&args),
+        Command::Quantize(args) => commands::quantize::run(&args),
         Command::Logits(args) => commands::run::logits(&args),
         Command::Generate(args) => commands::run::generate_cmd(&args),
         #[cfg(feature = "spyre")]

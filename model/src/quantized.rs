@@ -1,10 +1,11 @@
 //! Weight matrices stored in quantized blocks (Q8_0, Q4_0; docs/quantization.md): the flag that
 //! names a format, a matrix as it is stored, and turning a plain matrix into blocks.
 //!
-//! Which matrices are quantized: the routed experts' banks (`gate_up_proj`, `down_proj`), 93%
-//! of the 26B-A4B's weights and nearly all of what a decode step reads. Attention, the dense
-//! MLP, the router and the embedding (the tied LM head) stay in the model's element type;
-//! norms and scales stay f32.
+//! Which matrices are quantized ([`quantized_tensor`]): the routed experts' banks
+//! (`gate_up_proj`, `down_proj`, 93% of the 26B-A4B's weights) and the embedding with the LM
+//! head it is tied to (the largest single matrix a decode step reads: 1.5 GB in bf16).
+//! Attention, the dense MLP and the router stay in the model's element type; norms and scales
+//! stay f32.
 
 use crate::checkpoint::{Checkpoint, LoadError, Residence};
 use moek_kernels::Elem;
@@ -68,6 +69,19 @@ impl<W: Elem> Stored<'_, W> {
         }
     }
 
+    /// Row `i` (of `len` values) as f32: widened, or its blocks' exact values.
+    pub fn row(&self, i: usize, len: usize) -> Vec<f32> {
+        let blocks = (i * len / BLOCK)..((i + 1) * len / BLOCK);
+        match self {
+            Stored::Plain(m) => m[i * len..(i + 1) * len]
+                .iter()
+                .map(|v| v.to_f32())
+                .collect(),
+            Stored::Q8_0(b) => moek_kernels::ir::quant::dequantize(&b[blocks.clone()]),
+            Stored::Q4_0(b) => moek_kernels::ir::quant::dequantize(&b[blocks.clone()]),
+        }
+    }
+
     /// The same matrix, borrowed.
     pub fn borrowed(&self) -> Stored<'_, W> {
         match self {
@@ -103,6 +117,27 @@ pub fn read_bank<'c, W: Elem>(
         (None, Some(Quant::Q8)) => Ok(Stored::Q8_0(Cow::Owned(ck.quantize::<W, _>(names, shape)?))),
         (None, Some(Quant::Q4)) => Ok(Stored::Q4_0(Cow::Owned(ck.quantize::<W, _>(names, shape)?))),
     }
+}
+
+/// Bytes `ck`'s tensors take once loaded: the checkpoint's own, its plain expert banks at
+/// `quantize`'s size when that is set.
+pub fn resident_bytes(ck: &Checkpoint, quantize: Option<Quant>) -> usize {
+    ck.sizes()
+        .map(|(name, dtype, bytes)| match quantize {
+            Some(q) if quantized_tensor(name) && dtype != safetensors::Dtype::U8 => {
+                let stored = q.dtype().block_bytes().expect("a quantized dtype") as f64;
+                let per_value = stored / BLOCK as f64;
+                (bytes as f64 / dtype.bitsize() as f64 * 8.0 * per_value) as usize
+            }
+            _ => bytes,
+        })
+        .sum()
+}
+
+/// Whether the checkpoint tensor `name` is one `--quantize` quantizes (the build table reads
+/// these through `Source::bank`).
+pub fn quantized_tensor(name: &str) -> bool {
+    name.contains(".experts.") || name.ends_with("embed_tokens.weight") || name == "lm_head.weight"
 }
 
 /// `values` (whole blocks) quantized block by block in parallel, into huge pages (the banks are

@@ -23,7 +23,7 @@ fn model<'w>(
     let cfg = tiny::gemma4_26b(1);
     let none = || Cow::Owned(vec![]);
     let weights = Weights {
-        embed_tokens: none(),
+        embed_tokens: Stored::Plain(none()),
         lm_head: None,
         norm: vec![],
         layers: vec![DecoderLayer {

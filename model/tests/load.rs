@@ -352,8 +352,11 @@ fn saved_weights_load_back_mapped_or_in_huge_pages() {
     let ck = Checkpoint::open(&dir).unwrap();
     for residence in [Residence::Mapped, Residence::HugePages] {
         let loaded = weights::load::<half::bf16>(&ck, &cfg, residence, |_| {}).unwrap();
+        let moek_model::quantized::Stored::Plain(embed) = &loaded.embed_tokens else {
+            panic!("a bf16 checkpoint's embedding loads as bf16");
+        };
         let owned = [
-            &loaded.embed_tokens,
+            embed,
             &loaded.layers[0].self_attn.q_proj,
             &loaded.layers[1].mlp.down_proj,
         ]

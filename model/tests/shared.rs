@@ -28,7 +28,7 @@ fn on_wgpu_weights_are_uploaded_once_and_decode_steps_send_none() {
     // Every weight a kernel reads, once: the dense MLP and the expert banks of each layer, and
     // the LM head (tied: the embedding).
     let w = &m.weights;
-    let mut expected = w.head().len();
+    let mut expected = w.head().bytes() / 2;
     for l in &w.layers {
         expected += l.mlp.gate_proj.len() + l.mlp.up_proj.len() + l.mlp.down_proj.len();
         if let Some(moe) = &l.moe {

@@ -5,6 +5,7 @@ pub mod check;
 pub mod emit;
 pub mod figures;
 pub mod list;
+pub mod quantize;
 pub mod run;
 #[cfg(feature = "spyre")]
 pub mod spyre;

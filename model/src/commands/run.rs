@@ -11,6 +11,7 @@ use crate::gemma4::model::Model;
 use crate::gemma4::weights;
 use crate::generate::{Sampling, generate};
 use crate::ops::Float;
+use crate::quantized::Quant;
 use crate::qwen3;
 use half::{bf16, f16};
 use safetensors::Dtype;
@@ -44,6 +45,11 @@ pub struct ModelArgs {
     /// kernels read what they uploaded.
     #[arg(long, value_enum)]
     pub weights: Option<Residence>,
+    /// Quantize the expert banks to these blocks as they are loaded (banks a checkpoint already
+    /// stores quantized are read as they are; attention, the dense MLP, the router and the
+    /// embedding stay in the checkpoint's dtype).
+    #[arg(long, value_enum)]
+    pub quantize: Option<Quant>,
 }
 
 impl ModelArgs {
@@ -157,7 +163,8 @@ fn with_model(args: &ModelArgs, job: impl Job) -> Result<ExitCode, CommandError>
     match family {
         Family::Gemma4 => {
             let cfg = Config::from_json(&json).map_err(LoadError::from)?;
-            let names = weights::names("embed_tokens.weight");
+            // The storage dtype is a matrix's that is never quantized (the embedding may be).
+            let names = weights::names("layers.0.self_attn.q_proj.weight");
             let build = Gemma4 { cfg };
             by_dtype(&ck, &names, args, build, job)
         }
@@ -196,7 +203,8 @@ impl Build for Gemma4 {
         progress: impl FnMut(usize),
         job: impl Job,
     ) -> Result<ExitCode, CommandError> {
-        let weights = weights::load::<W>(ck, &self.cfg, args.residence(), progress)?;
+        let weights =
+            weights::load_quantized::<W>(ck, &self.cfg, args.residence(), args.quantize, progress)?;
         let eos = self.cfg.eos.clone();
         let model = Model::new(
             self.cfg,
@@ -223,6 +231,12 @@ impl Build for Qwen3 {
         progress: impl FnMut(usize),
         job: impl Job,
     ) -> Result<ExitCode, CommandError> {
+        if let Some(q) = args.quantize {
+            return Err(CommandError::Usage(format!(
+                "--quantize {}: quantized experts are wired for Gemma-4 checkpoints; Qwen3-MoE runs in its stored dtype",
+                q.dtype()
+            )));
+        }
         let weights = qwen3::weights::load::<W>(ck, &self.cfg, args.residence(), progress)?;
         let eos = self.cfg.eos.clone();
         let backend = args.backend.backend();
@@ -231,7 +245,7 @@ impl Build for Qwen3 {
     }
 }
 
-/// The storage dtype is the embedding's (`names`); the weights are loaded in it, under a
+/// The storage dtype is that of the matrix `names`; the weights are loaded in it, under a
 /// progress bar, after checking that a copy of them fits in memory.
 fn by_dtype(
     ck: &Checkpoint,
@@ -241,15 +255,16 @@ fn by_dtype(
     job: impl Job,
 ) -> Result<ExitCode, CommandError> {
     let residence = args.residence();
-    // A copy needs the checkpoint's bytes in memory; a mapped checkpoint larger than memory
-    // still runs, its pages read again from the file as they are needed.
-    let bytes = ck.bytes() as u64;
+    // A copy needs the checkpoint's bytes in memory (its expert banks at their quantized size
+    // with --quantize); a mapped checkpoint larger than memory still runs, its pages read again
+    // from the file as they are needed.
+    let bytes = crate::quantized::resident_bytes(ck, args.quantize) as u64;
     if let Some(available) = crate::limits::memory_available()
         && residence == Residence::HugePages
         && bytes > available
     {
         return Err(CommandError::Usage(format!(
-            "--weights huge-pages copies the checkpoint's {bytes} bytes into memory, but {available} \
+            "--weights huge-pages copies {bytes} bytes of the checkpoint into memory, but {available} \
              bytes are available (MemAvailable, or MOEK_MEMORY_LIMIT); --weights mapped reads it \
              in place instead (slower when it does not fit the page cache)"
         )));

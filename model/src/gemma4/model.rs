@@ -112,9 +112,8 @@ impl<W: Float> Model<'_, W> {
         let mut x: Vec<f32> = tokens
             .iter()
             .flat_map(|&t| {
-                let row = &self.weights.embed_tokens[t as usize * h..(t as usize + 1) * h];
-                row.iter()
-                    .map(move |&e| round::<W>(Elem::to_f32(e) * scale))
+                let row = self.weights.embed_tokens.row(t as usize, h);
+                row.into_iter().map(move |e| round::<W>(e * scale))
             })
             .collect();
         if cache.layers.is_empty() {

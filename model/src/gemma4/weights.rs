@@ -82,10 +82,10 @@ pub struct DecoderLayer<'c, W: Clone> {
 /// The whole text model.
 #[derive(Debug)]
 pub struct Weights<'c, W: Clone> {
-    /// `[V, H]`: the embedding, and the LM head (tied).
-    pub embed_tokens: Cow<'c, [W]>,
+    /// `[V, H]`: the embedding, and the LM head (tied); in `W` or quantized blocks.
+    pub embed_tokens: Stored<'c, W>,
     /// An untied `lm_head.weight`, when the checkpoint has one.
-    pub lm_head: Option<Cow<'c, [W]>>,
+    pub lm_head: Option<Stored<'c, W>>,
     /// The final norm (`norm.weight`).
     pub norm: Vec<f32>,
     pub layers: Vec<DecoderLayer<'c, W>>,
@@ -93,14 +93,14 @@ pub struct Weights<'c, W: Clone> {
 
 impl<W: Elem> Weights<'_, W> {
     /// The LM head matrix `[V, H]`.
-    pub fn head(&self) -> &[W] {
-        self.lm_head.as_deref().unwrap_or(&self.embed_tokens)
+    pub fn head(&self) -> &Stored<'_, W> {
+        self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
     }
 
     /// Bytes of every weight matrix as stored (norms and scales are f32 vectors, left out).
     pub fn bytes(&self) -> usize {
-        let mut experts = 0;
-        let mut n = self.embed_tokens.len() + self.lm_head.as_ref().map_or(0, |h| h.len());
+        let mut stored = self.embed_tokens.bytes() + self.lm_head.as_ref().map_or(0, |h| h.bytes());
+        let mut n = 0;
         for l in &self.layers {
             let (a, m) = (&l.self_attn, &l.mlp);
             n += [
@@ -117,10 +117,10 @@ impl<W: Elem> Weights<'_, W> {
             n += a.v_proj.as_ref().map_or(0, |v| v.len());
             if let Some(m) = &l.moe {
                 n += m.router.proj.len();
-                experts += m.experts.gate_up_proj.bytes() + m.experts.down_proj.bytes();
+                stored += m.experts.gate_up_proj.bytes() + m.experts.down_proj.bytes();
             }
         }
-        n * std::mem::size_of::<W>() + experts
+        n * std::mem::size_of::<W>() + stored
     }
 }
 
@@ -141,7 +141,8 @@ pub trait Source<'c, W: Clone> {
     fn vector(&mut self, names: &[String], shape: &[usize]) -> Result<Vec<f32>, LoadError>;
     /// Whether an optional tensor is present.
     fn has(&self, names: &[String]) -> bool;
-    /// An expert bank: a matrix in `W`, or in the blocks it is stored or asked in.
+    /// A matrix that may be stored quantized (the expert banks, the embedding and LM head): in
+    /// `W`, or in the blocks it is stored or asked in.
     fn bank(&mut self, names: &[String], shape: &[usize]) -> Result<Stored<'c, W>, LoadError>;
 }
 
@@ -154,11 +155,11 @@ pub fn build<'c, W: Clone>(
     mut progress: impl FnMut(usize),
 ) -> Result<Weights<'c, W>, LoadError> {
     let (h, v, ff) = (cfg.hidden, cfg.vocab, cfg.intermediate);
-    let embed_tokens = src.matrix(&names("embed_tokens.weight"), &[v, h])?;
+    let embed_tokens = src.bank(&names("embed_tokens.weight"), &[v, h])?;
     let norm = src.vector(&names("norm.weight"), &[h])?;
     let head = vec!["lm_head.weight".to_string()];
     let lm_head = match src.has(&head) {
-        true => Some(src.matrix(&head, &[v, h])?),
+        true => Some(src.bank(&head, &[v, h])?),
         false => None,
     };
     let mut layers = vec![];
@@ -291,12 +292,8 @@ enum Data<W> {
     Blocks(Vec<u8>, DType),
 }
 
-impl<W: Elem, S: Source<'static, W>> Source<'static, W> for Recorder<S, W> {
-    fn matrix(
-        &mut self,
-        names: &[String],
-        shape: &[usize],
-    ) -> Result<Cow<'static, [W]>, LoadError> {
+impl<'c, W: Elem, S: Source<'c, W>> Source<'c, W> for Recorder<S, W> {
+    fn matrix(&mut self, names: &[String], shape: &[usize]) -> Result<Cow<'c, [W]>, LoadError> {
         let m = self.inner.matrix(names, shape)?.into_owned();
         self.tensors
             .push((names[0].clone(), shape.to_vec(), Data::Matrix(m)));
@@ -333,8 +330,8 @@ impl<W: Elem, S: Source<'static, W>> Source<'static, W> for Recorder<S, W> {
 /// quantized expert banks as `u8` blocks with their format in the metadata). The model bench
 /// writes its random weights with it to time decode from a real file; `moek quantize` writes
 /// quantized checkpoints with it.
-pub fn save<W: Elem>(
-    src: impl Source<'static, W>,
+pub fn save<'c, W: Elem>(
+    src: impl Source<'c, W>,
     cfg: &Config,
     path: &Path,
 ) -> Result<(), LoadError> {

@@ -129,7 +129,7 @@ impl<W: Float> Model<'_, W> {
             &self.backend,
             &x,
             shape,
-            self.weights.head(),
+            &crate::quantized::Stored::Plain(std::borrow::Cow::Borrowed(self.weights.head())),
             None,
             head,
             trace,

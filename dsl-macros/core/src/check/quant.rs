@@ -10,7 +10,12 @@ impl Checker {
         let Some(&(dtype, span)) = p.dtypes.iter().find(|d| d.0.is_quantized()) else {
             return;
         };
-        if !k.op.uses_experts() || k.schedule.select != Selection::Gather {
+        let lowered = match k.op {
+            Op::GateUp | Op::Down | Op::ExpertFfn => k.schedule.select == Selection::Gather,
+            Op::LmHeadRow => true,
+            Op::DenseMlp => false,
+        };
+        if !lowered {
             let what = match k.op.uses_experts() {
                 true => format!("`select: {}`", k.schedule.select),
                 false => format!("`{}`", k.op),
@@ -18,7 +23,7 @@ impl Checker {
             self.errors.push(
                 span,
                 format!(
-                    "`{dtype}` weights are lowered for the gathered expert products only (`gate_up`, `down`, `expert_ffn` with `select: gather`): {what} reads f16, bf16 or f32 weights"
+                    "`{dtype}` weights are lowered for the matrix-vector products only (`gate_up`, `down`, `expert_ffn` with `select: gather`, and `lm_head_row`): {what} reads f16, bf16 or f32 weights"
                 ),
             );
         }
@@ -53,9 +58,9 @@ impl Checker {
     /// their core splits must fall on block boundaries.
     fn whole_blocks(&mut self, k: &Kernel, p: &Parsed, dtype: DType) {
         let rows: &[DimName] = match k.op {
-            Op::GateUp => &[DimName::H],
+            Op::GateUp | Op::LmHeadRow => &[DimName::H],
             Op::Down => &[DimName::F],
-            _ => &[DimName::H, DimName::F],
+            Op::ExpertFfn | Op::DenseMlp => &[DimName::H, DimName::F],
         };
         let hint = |n: usize| {
             let below = n / BLOCK * BLOCK;

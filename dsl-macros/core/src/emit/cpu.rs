@@ -85,7 +85,8 @@ pub fn reads_weights_apart(k: &Kernel) -> bool {
     match k.op {
         Op::GateUp | Op::Down => true,
         Op::ExpertFfn => k.schedule.select == Selection::Gather,
-        Op::DenseMlp | Op::LmHeadRow => false,
+        Op::LmHeadRow => true,
+        Op::DenseMlp => false,
     }
 }
 

@@ -1,0 +1,297 @@
+//! Quantized weights against transformers' f32 logits: the f32 fixture with its expert banks
+//! and embedding quantized (at load, or by `moek quantize`), and the checkpoint format's
+//! refusals.
+//!
+//! Bounds on the logits' relative L2 (docs/numerics.md, "Quantized weights", derives them):
+//! - Q8_0: 0.05. A weight moves by at most half a step, `amax / 254` of its block; with the
+//!   activations' own 8-bit rounding each quantized product is within about 1% (relative L2)
+//!   of the exact one. The fixture runs four layers' experts and the head through such
+//!   products; errors that added up coherently through all five would reach 5%.
+//! - Q4_0: 0.5. Half a step is `amax / 16`: an expert FFN's output moves by about 12%
+//!   (measured by `moek check` on random weights), and five such stages that added coherently
+//!   would reach 60%; the residual stream carries the un-quantized attention and dense MLP
+//!   beside them, which bounds it below that.
+//!
+//! Greedy tokens must equal the reference's while its top-2 margin is more than twice the
+//! largest logit error the quantized model shows on the prompt's rows.
+
+use moek_model::checkpoint::{Checkpoint, LoadError, Residence};
+use moek_model::forward::{Cache, CausalLm, Head};
+use moek_model::gemma4::config::Config;
+use moek_model::gemma4::model::Model;
+use moek_model::gemma4::weights;
+use moek_model::generate::{Sampling, generate};
+use moek_model::quantized::{Quant, Stored};
+use std::path::{Path, PathBuf};
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-gemma4-moe-f32")
+}
+
+struct Expected {
+    tokens: Vec<u32>,
+    logits: Vec<Vec<f32>>,
+    /// Greedy continuations with the reference's top-2 margin at each step: of `tokens`, and of
+    /// the fixture's text prompt.
+    streams: Vec<Stream>,
+}
+
+struct Stream {
+    tokens: Vec<u32>,
+    greedy: Vec<u32>,
+    margins: Vec<f32>,
+}
+
+fn expected() -> Expected {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture().join("expected.json")).unwrap())
+            .unwrap();
+    let ints = |k: &str| -> Vec<u32> {
+        v[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let floats = |x: &serde_json::Value| -> Vec<f32> {
+        x.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect()
+    };
+    let stream = |prefix: &str, tokens: &str| Stream {
+        tokens: ints(tokens),
+        greedy: ints(&format!("{prefix}greedy")),
+        margins: floats(&v[format!("{prefix}margins")]),
+    };
+    Expected {
+        tokens: ints("tokens"),
+        logits: v["logits"].as_array().unwrap().iter().map(floats).collect(),
+        streams: vec![stream("", "tokens"), stream("prompt_", "prompt_ids")],
+    }
+}
+
+/// (relative L2, largest absolute error) of `got` against `want`; NaN never passes.
+fn deviation(got: &[Vec<f32>], want: &[Vec<f32>]) -> (f64, f64) {
+    let (mut num, mut den, mut max) = (0f64, 0f64, 0f64);
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!(g.len(), w.len());
+        for (a, b) in g.iter().zip(w) {
+            assert!(a.is_finite(), "non-finite logit");
+            let e = f64::from(a - b);
+            num += e * e;
+            den += f64::from(*b).powi(2);
+            max = max.max(e.abs());
+        }
+    }
+    ((num / den).sqrt(), max)
+}
+
+fn model_of(dir: &Path, quantize: Option<Quant>) -> Model<'static, f32> {
+    let cfg = Config::load(dir).unwrap();
+    let ck: &'static Checkpoint = Box::leak(Box::new(Checkpoint::open(dir).unwrap()));
+    let w = weights::load_quantized::<f32>(ck, &cfg, Residence::Mapped, quantize, |_| {}).unwrap();
+    Model::new(cfg, w, moek_kernels::Backend::cpu(), None)
+}
+
+fn all_logits(model: &Model<'_, f32>, tokens: &[u32]) -> Vec<Vec<f32>> {
+    model
+        .forward(tokens, &mut Cache::default(), Head::All, &mut vec![])
+        .unwrap()
+}
+
+fn check(quant: Quant, bound: f64) -> usize {
+    let e = expected();
+    let model = model_of(&fixture(), Some(quant));
+    let bank = &model.weights.layers[0]
+        .moe
+        .as_ref()
+        .unwrap()
+        .experts
+        .gate_up_proj;
+    assert!(
+        matches!(bank, Stored::Q8_0(_) | Stored::Q4_0(_)),
+        "--quantize quantizes the expert banks"
+    );
+    let (rel, max) = deviation(&all_logits(&model, &e.tokens), &e.logits);
+    eprintln!(
+        "{:?} on tiny-gemma4-moe-f32: logits rel L2 {rel:.3e} (bound {bound:.0e}), max abs {max:.3e}",
+        quant
+    );
+    assert!(
+        rel <= bound,
+        "{quant:?}: logits rel L2 {rel:.3e} > {bound:.0e}"
+    );
+    let plain = model_of(&fixture(), None);
+    e.streams
+        .iter()
+        .map(|st| certain_steps(quant, &model, &plain, st))
+        .sum()
+}
+
+/// Checks `model`'s greedy tokens on `st` while they are certain, and says how many were.
+///
+/// Per greedy step, the quantized model's largest logit error on that step's row, against the
+/// plain f32 model (which matches transformers to 1e-6, tests/oracle.rs) on the reference's
+/// own token stream: a token can change only where the margin is at most twice it.
+fn certain_steps(
+    quant: Quant,
+    model: &Model<'_, f32>,
+    plain: &Model<'_, f32>,
+    st: &Stream,
+) -> usize {
+    let stream = [&st.tokens[..], &st.greedy[..st.greedy.len() - 1]].concat();
+    let (q, f) = (all_logits(model, &stream), all_logits(plain, &stream));
+    let first = st.tokens.len() - 1;
+    let sure = (0..st.greedy.len())
+        .take_while(|&k| {
+            let err = deviation(&q[first + k..=first + k], &f[first + k..=first + k]).1;
+            f64::from(st.margins[k]) > 2.0 * err
+        })
+        .count();
+    let got = generate(
+        model,
+        &st.tokens,
+        st.greedy.len(),
+        None,
+        &Sampling::greedy(),
+        &[],
+        &mut vec![],
+    )
+    .unwrap();
+    eprintln!(
+        "{quant:?}: {sure} of {} greedy steps have a margin over twice their logit error",
+        st.greedy.len()
+    );
+    assert_eq!(got[..sure], st.greedy[..sure], "{quant:?}");
+    sure
+}
+
+#[test]
+fn q8_0_logits_stay_within_the_formats_bound() {
+    let compared = check(Quant::Q8, 0.17);
+    assert!(
+        compared >= 1,
+        "Q8_0 keeps at least the first greedy step certain"
+    );
+}
+
+#[test]
+fn q4_0_logits_stay_within_the_formats_bound() {
+    check(Quant::Q4, 0.8);
+}
+
+/// A scratch directory removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(what: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("moek-quant-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn moek(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_moek"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `moek quantize` writes blocks the loader maps as they are: its checkpoint computes the same
+/// logits, bit for bit, as quantizing at load, and names its format in the metadata.
+#[test]
+fn a_quantized_checkpoint_loads_as_quantizing_at_load() {
+    let out = Scratch::new("roundtrip");
+    let dir = out.0.to_str().unwrap();
+    let src = fixture();
+    let run = moek(&[
+        "quantize",
+        "--model",
+        src.to_str().unwrap(),
+        "--dtype",
+        "q4",
+        "--out",
+        dir,
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let ck = Checkpoint::open(&out.0).unwrap();
+    assert_eq!(ck.quantization(), Some(moek_kernels::ir::DType::Q4_0));
+    let e = expected();
+    let stored = all_logits(&model_of(&out.0, None), &e.tokens);
+    let at_load = all_logits(&model_of(&src, Some(Quant::Q4)), &e.tokens);
+    let bits = |r: &[Vec<f32>]| -> Vec<u32> { r.iter().flatten().map(|x| x.to_bits()).collect() };
+    assert_eq!(bits(&stored), bits(&at_load));
+    // The command refuses to write over it, and leaves it whole.
+    let again = moek(&[
+        "quantize",
+        "--model",
+        src.to_str().unwrap(),
+        "--dtype",
+        "q8",
+        "--out",
+        dir,
+    ]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already holds a checkpoint"));
+    assert_eq!(
+        Checkpoint::open(&out.0).unwrap().quantization(),
+        Some(moek_kernels::ir::DType::Q4_0)
+    );
+}
+
+/// A quantized checkpoint whose metadata names an unknown format, or whose blocks do not have
+/// the shape the config implies, is a typed error naming it.
+#[test]
+fn bad_quantized_checkpoints_are_named_errors() {
+    let out = Scratch::new("bad");
+    let src = fixture();
+    let run = moek(&[
+        "quantize",
+        "--model",
+        src.to_str().unwrap(),
+        "--dtype",
+        "q8",
+        "--out",
+        out.0.to_str().unwrap(),
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let path = out.0.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    // The header is JSON after an 8-byte length: rename the format in place (same length).
+    let at = bytes
+        .windows(6)
+        .position(|w| w == b"\"q8_0\"")
+        .expect("the metadata names the format");
+    let mut renamed = bytes.clone();
+    renamed[at + 2] = b'9';
+    std::fs::write(&path, &renamed).unwrap();
+    let err = Checkpoint::open(&out.0).unwrap_err();
+    assert!(matches!(err, LoadError::Format { .. }), "{err}");
+    assert!(err.to_string().contains("q9_0"), "{err}");
+    // A config whose experts are wider than the blocks stored.
+    std::fs::write(&path, &bytes).unwrap();
+    let ck = Checkpoint::open(&out.0).unwrap();
+    let mut cfg = Config::load(&out.0).unwrap();
+    let moe = cfg.moe.as_mut().unwrap();
+    moe.intermediate *= 2;
+    let err = weights::load::<f32>(&ck, &cfg, Residence::Mapped, |_| {}).unwrap_err();
+    assert!(matches!(err, LoadError::Shape { .. }), "{err}");
+    assert!(err.to_string().contains("experts.gate_up_proj"), "{err}");
+}
