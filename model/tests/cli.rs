@@ -370,8 +370,8 @@ fn model_errors_are_clear() {
 
 /// `moek bench --geometry GEOMETRY --layers 1` as JSON, with every field scripts check present
 /// and sane; `traced` are the kernel kinds a decode step must have spent time in.
-fn model_bench(geometry: &str, traced: &[&str]) -> serde_json::Value {
-    let (ok, out, err) = moek(&[
+fn model_bench(geometry: &str, traced: &[&str], extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
         "bench",
         "--geometry",
         geometry,
@@ -381,7 +381,9 @@ fn model_bench(geometry: &str, traced: &[&str]) -> serde_json::Value {
         "3",
         "--format",
         "json",
-    ]);
+    ];
+    args.extend(extra);
+    let (ok, out, err) = moek(&args);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
     assert_eq!(v["geometry"], geometry);
@@ -437,13 +439,23 @@ fn model_bench(geometry: &str, traced: &[&str]) -> serde_json::Value {
 
 #[test]
 fn the_model_bench_prints_the_fields_scripts_check() {
-    model_bench("26b-a4b", &["lm_head", "moe", "dense_mlp"]);
+    let traced = ["lm_head", "moe", "dense_mlp"];
+    let bf16 = model_bench("26b-a4b", &traced, &[]);
+    assert!(bf16["quantized"].is_null(), "{bf16}");
+    // `--dtype q4`: the same keys, the experts and the embedding counted as stored (4.5 bits a
+    // weight against 16: what a step reads and what is held shrink to less than half).
+    let q4 = model_bench("26b-a4b", &traced, &["--dtype", "q4"]);
+    assert_eq!(q4["quantized"], "q4_0");
+    for key in ["bytes_per_decode_step", "weights_bytes", "moe_decode_bytes_per_layer"] {
+        let (q, b) = (q4[key].as_f64().unwrap(), bf16[key].as_f64().unwrap());
+        assert!(q < 0.45 * b, "{key}: q4 {q} against bf16 {b}");
+    }
 }
 
 #[test]
 fn the_qwen3_bench_prints_the_same_fields() {
     // Qwen3-30B-A3B has no dense MLP beside its experts.
-    let v = model_bench("qwen3-30b-a3b", &["lm_head", "moe"]);
+    let v = model_bench("qwen3-30b-a3b", &["lm_head", "moe"], &[]);
     assert!(v["weights_bytes"].as_f64().unwrap() > 2e9, "{v}");
 }
 

@@ -295,3 +295,30 @@ fn bad_quantized_checkpoints_are_named_errors() {
     assert!(matches!(err, LoadError::Shape { .. }), "{err}");
     assert!(err.to_string().contains("experts.gate_up_proj"), "{err}");
 }
+
+/// `--quantize` on `logits` runs the banks and the head through the quantized variants, and
+/// `--explain` names them.
+#[test]
+fn quantize_at_load_runs_the_quantized_variants() {
+    let src = fixture();
+    let run = moek(&[
+        "logits",
+        "--model",
+        src.to_str().unwrap(),
+        "--tokens",
+        "5,6,7",
+        "--quantize",
+        "q8",
+        "--explain",
+    ]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let log = String::from_utf8_lossy(&run.stderr);
+    for what in ["moe", "lm_head"] {
+        let line = log
+            .lines()
+            .find(|l| l.contains(&format!(" {what} (")))
+            .unwrap_or_else(|| panic!("no {what} record in {log}"));
+        assert!(line.contains("on cpu (q8_0)"), "{line}");
+    }
+    assert!(log.contains("dense_mlp") && log.contains("(f32)"), "{log}");
+}

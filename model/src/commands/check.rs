@@ -247,6 +247,12 @@ fn print_row(r: &Report, chosen: &str) {
         rate,
         if r.passed() { "yes" } else { "NO" }
     );
+    if let Some(q) = &r.quantization {
+        println!(
+            "{:<44} the {} quantization itself (reference on the blocks against the reference on bf16 weights): max abs {:.3e}, rel L2 {:.3e}",
+            "", r.dtype, q.max_abs, q.rel_l2
+        );
+    }
     if let Some(m) = &r.modeled {
         println!(
             "{:<44} modeled {:.3} ms ({} bound), {:.1} MB device<->LX, {:.1} KB ring, LX peak {} B",

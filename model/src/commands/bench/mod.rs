@@ -35,6 +35,10 @@ pub struct BenchArgs {
     /// bf16); bytes per decode step are counted as stored.
     #[arg(long, value_enum)]
     pub dtype: Option<crate::quantized::Quant>,
+    /// Model bench with `--from-file`: the bf16 file written, its expert banks and embedding
+    /// quantized to these blocks as they are loaded (as `--quantize` on `logits`/`generate`).
+    #[arg(long, value_enum, requires = "from_file", conflicts_with = "dtype")]
+    pub quantize: Option<crate::quantized::Quant>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

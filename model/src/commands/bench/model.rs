@@ -24,6 +24,9 @@ pub struct ModelFigures {
     /// Where the weights live: `memory` (built in huge pages), or the `--from-file` residence
     /// (`mapped`, `huge-pages`).
     pub weights: String,
+    /// The block format of the expert banks and the embedding (`--dtype`), if quantized; every
+    /// other matrix is bf16.
+    pub quantized: Option<String>,
     pub isa: &'static str,
     pub threads: usize,
     pub prompt_tokens: usize,
@@ -80,8 +83,17 @@ pub fn run(args: &BenchArgs, layers: usize) -> Result<ExitCode, CommandError> {
         Format::Json => print_json(&f),
         Format::Text => {
             println!(
-                "{} x {} layers on {} ({}, {} threads), bf16, random weights ({})",
-                f.geometry, f.layers, f.backend, f.isa, f.threads, f.weights
+                "{} x {} layers on {} ({}, {} threads), {}, random weights ({})",
+                f.geometry,
+                f.layers,
+                f.backend,
+                f.isa,
+                f.threads,
+                match &f.quantized {
+                    Some(q) => format!("{q} experts and embedding, bf16 elsewhere"),
+                    None => "bf16".into(),
+                },
+                f.weights
             );
             println!(
                 "read bandwidth (probed before each decode step): median {:.1} GB/s, {:.1}-{:.1}",
@@ -179,19 +191,22 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
                 None => crate::gemma4::weights::build(&mut { draw }, &cfg, |_| {})?,
                 Some(residence) => {
                     ck = written(&cfg, draw)?;
-                    crate::gemma4::weights::load::<bf16>(&ck, &cfg, residence, |_| {})?
+                    let q = args.quantize;
+                    crate::gemma4::weights::load_quantized::<bf16>(&ck, &cfg, residence, q, |_| {})?
                 }
             };
             let weights_bytes = weights.bytes() as u64;
-            let work = Work::gemma4(&cfg, PROMPT, args.dtype);
+            let quant = args.dtype.or(args.quantize);
+            let work = Work::gemma4(&cfg, PROMPT, quant);
             let vocab = cfg.vocab;
             let model = Model::new(cfg, weights, args.backend.backend(), None);
             timed(args, "26b-a4b", layers, &model, vocab, weights_bytes, work)
         }
         Geometry::Qwen3_30bA3b => {
-            if args.dtype.is_some() {
+            if args.dtype.or(args.quantize).is_some() {
                 return Err(CommandError::Usage(
-                    "`--dtype` quantizes the 26b-a4b geometry's experts; qwen3-30b-a3b runs bf16"
+                    "`--dtype` and `--quantize` quantize the 26b-a4b geometry's experts and \
+                     embedding; qwen3-30b-a3b runs bf16"
                         .into(),
                 ));
             }
@@ -299,6 +314,7 @@ fn timed(
         geometry: geometry.into(),
         layers,
         backend: format!("{backend:?}").to_lowercase(),
+        quantized: args.dtype.or(args.quantize).map(|q| q.dtype().to_string()),
         weights: args
             .from_file
             .and_then(|r| clap::ValueEnum::to_possible_value(&r))
@@ -344,18 +360,19 @@ impl Work {
     /// the eight selected experts (the KV cache is small beside them at this length). Per
     /// prefill of `s` tokens: two FLOPs per multiply-add of every matrix product, attention over
     /// the visible keys, and the LM head on the final row.
-    /// Expert weights take `quant`'s bytes per value as stored (scales included).
+    /// Expert weights and the embedding (the LM head) take `quant`'s bytes per value as stored
+    /// (scales included).
     fn gemma4(
         cfg: &crate::gemma4::config::Config,
         s: usize,
         quant: Option<crate::quantized::Quant>,
     ) -> Work {
         let (h, e, st) = (cfg.hidden as f64, 2.0, s as f64);
-        let expert_bytes = quant.map_or(e, |q| {
+        let quantized_bytes = quant.map_or(e, |q| {
             let block = q.dtype().block_bytes().expect("a quantized dtype") as f64;
             block / moek_kernels::ir::quant::BLOCK as f64
         });
-        let mut decode_bytes = cfg.vocab as f64 * h * e;
+        let mut decode_bytes = cfg.vocab as f64 * h * quantized_bytes;
         let mut prefill_flops = 2.0 * cfg.vocab as f64 * h;
         let mut moe_decode = 0.0;
         for l in &cfg.layers {
@@ -374,7 +391,7 @@ impl Work {
             if let Some(m) = cfg.moe {
                 let experts = (m.top_k * 3 * m.intermediate) as f64 * h;
                 let router = m.experts as f64 * h;
-                moe_decode = experts * expert_bytes;
+                moe_decode = experts * quantized_bytes;
                 decode_bytes += moe_decode + router * e;
                 prefill_flops += 2.0 * st * (experts + router);
             }
