@@ -446,7 +446,11 @@ fn the_model_bench_prints_the_fields_scripts_check() {
     // weight against 16: what a step reads and what is held shrink to less than half).
     let q4 = model_bench("26b-a4b", &traced, &["--dtype", "q4"]);
     assert_eq!(q4["quantized"], "q4_0");
-    for key in ["bytes_per_decode_step", "weights_bytes", "moe_decode_bytes_per_layer"] {
+    for key in [
+        "bytes_per_decode_step",
+        "weights_bytes",
+        "moe_decode_bytes_per_layer",
+    ] {
         let (q, b) = (q4[key].as_f64().unwrap(), bf16[key].as_f64().unwrap());
         assert!(q < 0.45 * b, "{key}: q4 {q} against bf16 {b}");
     }

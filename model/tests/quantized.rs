@@ -311,7 +311,11 @@ fn quantize_at_load_runs_the_quantized_variants() {
         "q8",
         "--explain",
     ]);
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
     let log = String::from_utf8_lossy(&run.stderr);
     for what in ["moe", "lm_head"] {
         let line = log
