@@ -32,7 +32,7 @@ fn list_prints_every_spec_name_first() {
 fn emit_prints_the_generated_cpu_variant() {
     let (ok, out, _) = moek(&["emit", "decode_gate_up_h704x4", "--backend", "cpu"]);
     assert!(ok);
-    assert!(out.contains("pub fn cpu<W"), "{out}");
+    assert!(out.contains("pub fn cpu<"), "{out}");
     assert!(
         out.contains("(0usize, 704usize),\n") && out.contains("(2112usize, 2816usize),\n"),
         "the blocks are baked in: {out}"

@@ -95,7 +95,7 @@ fn model_of(dir: &Path, quantize: Option<Quant>) -> Model<'static, f32> {
     Model::new(cfg, w, moek_kernels::Backend::cpu(), None)
 }
 
-fn all_logits(model: &Model<'_, f32>, tokens: &[u32]) -> Vec<Vec<f32>> {
+fn all_logits(model: &impl CausalLm, tokens: &[u32]) -> Vec<Vec<f32>> {
     model
         .forward(tokens, &mut Cache::default(), Head::All, &mut vec![])
         .unwrap()
@@ -135,12 +135,7 @@ fn check(quant: Quant, bound: f64) -> usize {
 /// Per greedy step, the quantized model's largest logit error on that step's row, against the
 /// plain f32 model (which matches transformers to 1e-6, tests/oracle.rs) on the reference's
 /// own token stream: a token can change only where the margin is at most twice it.
-fn certain_steps(
-    quant: Quant,
-    model: &Model<'_, f32>,
-    plain: &Model<'_, f32>,
-    st: &Stream,
-) -> usize {
+fn certain_steps(quant: Quant, model: &impl CausalLm, plain: &impl CausalLm, st: &Stream) -> usize {
     let stream = [&st.tokens[..], &st.greedy[..st.greedy.len() - 1]].concat();
     let (q, f) = (all_logits(model, &stream), all_logits(plain, &stream));
     let first = st.tokens.len() - 1;
@@ -325,4 +320,54 @@ fn quantize_at_load_runs_the_quantized_variants() {
         assert!(line.contains("on cpu (q8_0)"), "{line}");
     }
     assert!(log.contains("dense_mlp") && log.contains("(f32)"), "{log}");
+}
+
+/// Qwen3-MoE quantized at load (its gathered banks and untied head) against transformers' f32
+/// logits on its f32 fixture: three MoE layers and the head read quantized weights, so the
+/// bound is twice four stages' per-stage error (1.4%, as Gemma's fixture of the same width).
+#[test]
+fn qwen3_quantized_at_load_stays_within_the_formats_bound() {
+    use moek_model::qwen3;
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-qwen3-moe-f32");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let tokens: Vec<u32> = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    let want: Vec<Vec<f32>> = v["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect()
+        })
+        .collect();
+    let cfg = qwen3::config::Config::load(&dir).unwrap();
+    let ck = Checkpoint::open(&dir).unwrap();
+    let w = qwen3::weights::load_quantized::<f32>(
+        &ck,
+        &cfg,
+        Residence::Mapped,
+        Some(Quant::Q8),
+        |_| {},
+    )
+    .unwrap();
+    assert!(
+        matches!(w.head(), Stored::Q8_0(_)),
+        "the untied head is quantized"
+    );
+    let model = qwen3::model::Model::new(cfg, w, moek_kernels::Backend::cpu(), None);
+    let (rel, max) = deviation(&all_logits(&model, &tokens), &want);
+    eprintln!(
+        "Q8 on tiny-qwen3-moe-f32: logits rel L2 {rel:.3e} (bound 1.1e-1), max abs {max:.3e}"
+    );
+    assert!(rel <= 0.11, "logits rel L2 {rel:.3e}");
 }

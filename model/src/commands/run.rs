@@ -231,13 +231,9 @@ impl Build for Qwen3 {
         progress: impl FnMut(usize),
         job: impl Job,
     ) -> Result<ExitCode, CommandError> {
-        if let Some(q) = args.quantize {
-            return Err(CommandError::Usage(format!(
-                "--quantize {}: quantized experts are wired for Gemma-4 checkpoints; Qwen3-MoE runs in its stored dtype",
-                q.dtype()
-            )));
-        }
-        let weights = qwen3::weights::load::<W>(ck, &self.cfg, args.residence(), progress)?;
+        let (residence, quantize) = (args.residence(), args.quantize);
+        let weights =
+            qwen3::weights::load_quantized::<W>(ck, &self.cfg, residence, quantize, progress)?;
         let eos = self.cfg.eos.clone();
         let backend = args.backend.backend();
         let model = qwen3::model::Model::new(self.cfg, weights, backend, args.variant.clone());

@@ -5,6 +5,7 @@
 use super::config::{Config, Mlp, Moe};
 use super::weights::{DecoderLayer, Feedforward, SelfAttn, SparseMoe, Weights};
 use crate::ops::Rope;
+use crate::quantized::Stored;
 use moek_kernels::Elem;
 use moek_kernels::testing::uniform;
 use std::borrow::Cow;
@@ -52,7 +53,7 @@ pub fn weights<W: Elem>(cfg: &Config) -> Weights<'static, W> {
         cfg.moe.intermediate,
     );
     let embed_tokens = Cow::Owned(matrix(v, h));
-    let lm_head = (!cfg.tied).then(|| Cow::Owned(matrix(v, h)));
+    let lm_head = (!cfg.tied).then(|| Stored::Plain(Cow::Owned(matrix(v, h))));
     let layers = cfg
         .layers
         .iter()
@@ -75,8 +76,8 @@ pub fn weights<W: Elem>(cfg: &Config) -> Weights<'static, W> {
                 },
                 mlp: Feedforward::Sparse(SparseMoe {
                     gate: Cow::Owned(matrix(e, h)),
-                    gate_up_proj: matrix(e * 2 * f, h),
-                    down_proj: matrix(e * h, f),
+                    gate_up_proj: Stored::Plain(Cow::Owned(matrix(e * 2 * f, h))),
+                    down_proj: Stored::Plain(Cow::Owned(matrix(e * h, f))),
                 }),
             }
         })

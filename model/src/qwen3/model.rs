@@ -7,9 +7,10 @@ use super::config::Config;
 use super::weights::{DecoderLayer, Feedforward, SparseMoe, Weights};
 use crate::forward::{
     Cache, CausalLm, Head, LayerCache, ModelError, Trace, check_tokens, dense_mlp, head_rows,
-    run_traced, step,
+    quantized_experts, run_traced, run_traced_quantized, step,
 };
 use crate::ops::{self, Float, linear, normed, rms_norm, to_w};
+use crate::quantized::Stored;
 use moek_kernels::dispatch::{self, Backend};
 use moek_kernels::ir::{Activation, Op};
 use moek_kernels::{Elem, Inputs, Shape, specs};
@@ -129,7 +130,7 @@ impl<W: Float> Model<'_, W> {
             &self.backend,
             &x,
             shape,
-            &crate::quantized::Stored::Plain(std::borrow::Cow::Borrowed(self.weights.head())),
+            &self.weights.head(),
             None,
             head,
             trace,
@@ -196,29 +197,37 @@ impl<W: Float> Model<'_, W> {
                 weights.push(Elem::to_f32(<W as Elem>::from_f32(p[e] / sum)));
             }
         }
-        let xe = to_w::<W>(hn);
         let mut out = vec![0f32; s * hd];
-        let inputs = Inputs::ExpertFfn {
-            x: &xe,
-            idx: &idx,
-            weights: &weights,
-            gate_up: &moe.gate_up_proj,
-            down: &moe.down_proj,
-            bias: Default::default(),
-        };
         let shape = self.moe_shape(s);
         let forced = self.variant.as_deref();
-        run_traced(
-            &self.backend,
-            i,
-            "moe",
-            Activation::Silu,
-            &shape,
-            &inputs,
-            &mut out,
-            forced,
-            trace,
-        )?;
+        let (act, b) = (Activation::Silu, &self.backend);
+        match (&moe.gate_up_proj, &moe.down_proj) {
+            (Stored::Plain(gate_up), Stored::Plain(down)) => {
+                let xe = to_w::<W>(hn);
+                let inputs = Inputs::ExpertFfn {
+                    x: &xe,
+                    idx: &idx,
+                    weights: &weights,
+                    gate_up,
+                    down,
+                    bias: Default::default(),
+                };
+                run_traced(b, i, "moe", act, &shape, &inputs, &mut out, forced, trace)?;
+            }
+            (Stored::Q8_0(gate_up), Stored::Q8_0(down)) => {
+                let inputs = quantized_experts(hn, &idx, &weights, gate_up, down);
+                run_traced_quantized(b, i, "moe", act, &shape, &inputs, &mut out, forced, trace)?;
+            }
+            (Stored::Q4_0(gate_up), Stored::Q4_0(down)) => {
+                let inputs = quantized_experts(hn, &idx, &weights, gate_up, down);
+                run_traced_quantized(b, i, "moe", act, &shape, &inputs, &mut out, forced, trace)?;
+            }
+            (g, d) => unreachable!(
+                "layer {i}'s banks are {} and {}: a model's banks share one format",
+                g.dtype(),
+                d.dtype()
+            ),
+        }
         Ok(out)
     }
 

@@ -6,6 +6,7 @@
 
 use super::config::{Config, Mlp as Kind};
 use crate::checkpoint::{Checkpoint, LoadError, Residence};
+use crate::quantized::{Quant, Stored, read_bank};
 use moek_kernels::Elem;
 use std::borrow::Cow;
 
@@ -33,10 +34,10 @@ pub struct Mlp<'c, W: Clone> {
 pub struct SparseMoe<'c, W: Clone> {
     /// `[E, H]`.
     pub gate: Cow<'c, [W]>,
-    /// `[E, 2F, H]`, gate rows first.
-    pub gate_up_proj: Vec<W>,
+    /// `[E, 2F, H]`, gate rows first; in `W`, or quantized at load (`--quantize`).
+    pub gate_up_proj: Stored<'c, W>,
     /// `[E, H, F]`.
-    pub down_proj: Vec<W>,
+    pub down_proj: Stored<'c, W>,
 }
 
 /// A layer's feed-forward.
@@ -59,30 +60,40 @@ pub struct DecoderLayer<'c, W: Clone> {
 #[derive(Debug)]
 pub struct Weights<'c, W: Clone> {
     pub embed_tokens: Cow<'c, [W]>,
-    /// `lm_head.weight`; `None` when tied to the embedding.
-    pub lm_head: Option<Cow<'c, [W]>>,
+    /// `lm_head.weight`, in `W` or quantized at load; `None` when tied to the embedding (which
+    /// stays in `W`).
+    pub lm_head: Option<Stored<'c, W>>,
     pub norm: Vec<f32>,
     pub layers: Vec<DecoderLayer<'c, W>>,
 }
 
-impl<W: Clone> Weights<'_, W> {
+impl<W: Elem> Weights<'_, W> {
     /// The LM head matrix `[V, H]`.
-    pub fn head(&self) -> &[W] {
-        self.lm_head.as_deref().unwrap_or(&self.embed_tokens)
+    pub fn head(&self) -> Stored<'_, W> {
+        match &self.lm_head {
+            Some(head) => head.borrowed(),
+            None => Stored::Plain(Cow::Borrowed(&self.embed_tokens)),
+        }
     }
 
-    /// Bytes of every matrix (norms aside).
+    /// Bytes of every matrix as stored (norms aside).
     pub fn bytes(&self) -> usize {
-        let mut n = self.embed_tokens.len() + self.lm_head.as_ref().map_or(0, |m| m.len());
+        let mut stored = self.lm_head.as_ref().map_or(0, |m| m.bytes());
+        let mut n = self.embed_tokens.len();
         for l in &self.layers {
             let a = &l.self_attn;
             n += a.q_proj.len() + a.k_proj.len() + a.v_proj.len() + a.o_proj.len();
-            n += match &l.mlp {
-                Feedforward::Sparse(m) => m.gate.len() + m.gate_up_proj.len() + m.down_proj.len(),
-                Feedforward::Dense(m) => m.gate_proj.len() + m.up_proj.len() + m.down_proj.len(),
-            };
+            match &l.mlp {
+                Feedforward::Sparse(m) => {
+                    n += m.gate.len();
+                    stored += m.gate_up_proj.bytes() + m.down_proj.bytes();
+                }
+                Feedforward::Dense(m) => {
+                    n += m.gate_proj.len() + m.up_proj.len() + m.down_proj.len()
+                }
+            }
         }
-        n * size_of::<W>()
+        n * size_of::<W>() + stored
     }
 }
 
@@ -96,6 +107,18 @@ pub fn load<'c, W: Elem>(
     ck: &'c Checkpoint,
     cfg: &Config,
     residence: Residence,
+    progress: impl FnMut(usize),
+) -> Result<Weights<'c, W>, LoadError> {
+    load_quantized(ck, cfg, residence, None, progress)
+}
+
+/// [`load`], the gathered expert banks and an untied LM head quantized to `quantize` as they
+/// are read (`--quantize`; the per-expert layout has no quantized checkpoint form).
+pub fn load_quantized<'c, W: Elem>(
+    ck: &'c Checkpoint,
+    cfg: &Config,
+    residence: Residence,
+    quantize: Option<Quant>,
     mut progress: impl FnMut(usize),
 ) -> Result<Weights<'c, W>, LoadError> {
     let (h, v, d) = (cfg.hidden, cfg.vocab, cfg.head_dim);
@@ -104,7 +127,13 @@ pub fn load<'c, W: Elem>(
     let embed_tokens = matrix("model.embed_tokens.weight", &[v, h])?;
     let lm_head = match cfg.tied {
         true => None,
-        false => Some(matrix("lm_head.weight", &[v, h])?),
+        false => Some(read_bank(
+            ck,
+            &key("lm_head.weight"),
+            &[v, h],
+            residence,
+            quantize,
+        )?),
     };
     let norm = ck.f32s(&key("model.norm.weight"), &[h])?;
     let mut layers = vec![];
@@ -133,8 +162,11 @@ pub fn load<'c, W: Elem>(
                 let down: Vec<_> = (0..e).map(|j| expert(j, "down_proj", [h, f])).collect();
                 Feedforward::Sparse(SparseMoe {
                     gate: matrix(&k("mlp.gate.weight"), &[e, h])?,
-                    gate_up_proj: ck.gather(&gate_up, residence)?,
-                    down_proj: ck.gather(&down, residence)?,
+                    gate_up_proj: Stored::quantize(
+                        Cow::Owned(ck.gather(&gate_up, residence)?),
+                        quantize,
+                    ),
+                    down_proj: Stored::quantize(Cow::Owned(ck.gather(&down, residence)?), quantize),
                 })
             }
         };
