@@ -286,40 +286,25 @@ pub fn run_seeds(
     shape: &Shape,
     seeds: &[u64],
 ) -> Vec<Report> {
-    let op = entry.ir().op;
     let ran = match dtype {
-        DType::F16 => run_case(
-            entry,
-            target,
-            &mut Case::<f16>::new(op, *shape, seeds[0]),
-            seeds,
-        ),
-        DType::Bf16 => run_case(
-            entry,
-            target,
-            &mut Case::<bf16>::new(op, *shape, seeds[0]),
-            seeds,
-        ),
-        DType::F32 => run_case(
-            entry,
-            target,
-            &mut Case::<f32>::new(op, *shape, seeds[0]),
-            seeds,
-        ),
-        DType::Q8_0 => run_case(
-            entry,
-            target,
-            &mut QuantCase::<BlockQ8_0>::new(op, *shape, seeds[0]),
-            seeds,
-        ),
-        DType::Q4_0 => run_case(
-            entry,
-            target,
-            &mut QuantCase::<BlockQ4_0>::new(op, *shape, seeds[0]),
-            seeds,
-        ),
+        DType::F16 => run_drawn::<Case<f16>>(entry, target, shape, seeds),
+        DType::Bf16 => run_drawn::<Case<bf16>>(entry, target, shape, seeds),
+        DType::F32 => run_drawn::<Case<f32>>(entry, target, shape, seeds),
+        DType::Q8_0 => run_drawn::<QuantCase<BlockQ8_0>>(entry, target, shape, seeds),
+        DType::Q4_0 => run_drawn::<QuantCase<BlockQ4_0>>(entry, target, shape, seeds),
     };
     ran.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`run_case`] on a case of `C` drawn from the first seed.
+fn run_drawn<C: Drawn>(
+    entry: &KernelEntry,
+    target: Target,
+    shape: &Shape,
+    seeds: &[u64],
+) -> Result<Vec<Report>, String> {
+    let mut case = C::draw(entry.ir().op, *shape, seeds[0]);
+    run_case(entry, target, &mut case, seeds)
 }
 
 /// Cases kept between runs, so that every backend and every spec of one op and shape run on

@@ -240,8 +240,8 @@ pub(crate) fn head_rows<W: Float>(
             let row = &x[r * h..(r + 1) * h];
             let mut logits = vec![0f32; vocab];
             // The LM head has no activation; the task's is the default.
-            let act = Activation::default();
-            let at = (backend, usize::MAX, "lm_head", act, &shape);
+            let (act, l, out) = (Activation::default(), usize::MAX, &mut logits);
+            let (s, what) = (&shape, "lm_head");
             match emb {
                 Stored::Plain(emb) => {
                     let hidden = to_w::<W>(row);
@@ -250,35 +250,25 @@ pub(crate) fn head_rows<W: Float>(
                         emb,
                         softcap,
                     };
-                    run_traced(
-                        at.0,
-                        at.1,
-                        at.2,
-                        at.3,
-                        at.4,
-                        &inputs,
-                        &mut logits,
-                        None,
-                        trace,
-                    )?;
+                    run_traced(backend, l, what, act, s, &inputs, out, None, trace)?;
                 }
                 Stored::Q8_0(emb) => {
+                    let hidden = row;
                     let inputs = Inputs::LmHeadRow {
-                        hidden: row,
+                        hidden,
                         emb,
                         softcap,
                     };
-                    let (b, l, w, a, s) = at;
-                    run_traced_quantized(b, l, w, a, s, &inputs, &mut logits, None, trace)?;
+                    run_traced_quantized(backend, l, what, act, s, &inputs, out, None, trace)?;
                 }
                 Stored::Q4_0(emb) => {
+                    let hidden = row;
                     let inputs = Inputs::LmHeadRow {
-                        hidden: row,
+                        hidden,
                         emb,
                         softcap,
                     };
-                    let (b, l, w, a, s) = at;
-                    run_traced_quantized(b, l, w, a, s, &inputs, &mut logits, None, trace)?;
+                    run_traced_quantized(backend, l, what, act, s, &inputs, out, None, trace)?;
                 }
             }
             Ok(logits)
@@ -338,21 +328,56 @@ pub(crate) fn run_traced_quantized<Q: QuantElem>(
     )
 }
 
-/// An expert FFN's inputs over quantized banks: f32 activations `x`, no biases.
-pub(crate) fn quantized_experts<'a, Q>(
-    x: &'a [f32],
-    idx: &'a [u32],
-    weights: &'a [f32],
-    gate_up: &'a [Q],
-    down: &'a [Q],
-) -> Inputs<'a, Q, f32> {
-    Inputs::ExpertFfn {
-        x,
-        idx,
-        weights,
-        gate_up,
-        down,
-        bias: Default::default(),
+/// Routed experts over banks stored plain or quantized (one format for both): `x` (`[T, H]`,
+/// f32) rounded to `W` beside plain banks, as it is beside blocks; no biases. Every family's
+/// MoE block runs its experts through this.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn routed_experts<W: Float>(
+    backend: &Backend,
+    layer: usize,
+    activation: Activation,
+    shape: &Shape,
+    (x, idx, weights): (&[f32], &[u32], &[f32]),
+    banks: (&Stored<'_, W>, &Stored<'_, W>),
+    out: &mut [f32],
+    requested: Option<&str>,
+    trace: &mut Vec<Trace>,
+) -> Result<(), ModelError> {
+    fn inputs<'a, Q, A>(
+        x: &'a [A],
+        (idx, weights): (&'a [u32], &'a [f32]),
+        gate_up: &'a [Q],
+        down: &'a [Q],
+    ) -> Inputs<'a, Q, A> {
+        Inputs::ExpertFfn {
+            x,
+            idx,
+            weights,
+            gate_up,
+            down,
+            bias: Default::default(),
+        }
+    }
+    let (b, l, a, routes) = (backend, layer, activation, (idx, weights));
+    match banks {
+        (Stored::Plain(gate_up), Stored::Plain(down)) => {
+            let xe = to_w::<W>(x);
+            let inputs = inputs(&xe, routes, gate_up, down);
+            run_traced(b, l, "moe", a, shape, &inputs, out, requested, trace)
+        }
+        (Stored::Q8_0(gate_up), Stored::Q8_0(down)) => {
+            let inputs = inputs(x, routes, gate_up, down);
+            run_traced_quantized(b, l, "moe", a, shape, &inputs, out, requested, trace)
+        }
+        (Stored::Q4_0(gate_up), Stored::Q4_0(down)) => {
+            let inputs = inputs(x, routes, gate_up, down);
+            run_traced_quantized(b, l, "moe", a, shape, &inputs, out, requested, trace)
+        }
+        (g, d) => unreachable!(
+            "layer {layer}'s banks are {} and {}: a model's banks share one format",
+            g.dtype(),
+            d.dtype()
+        ),
     }
 }
 

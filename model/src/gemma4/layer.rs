@@ -4,12 +4,8 @@
 use super::config::{Attention, Moe};
 use super::model::Model;
 use super::weights::{DecoderLayer, MoeBlock};
-use crate::forward::{
-    LayerCache, ModelError, Trace, dense_mlp, quantized_experts, run_traced, run_traced_quantized,
-};
-use crate::ops::{self, Float, linear, normed, rms_norm, to_w};
-use crate::quantized::Stored;
-use moek_kernels::Inputs;
+use crate::forward::{LayerCache, ModelError, Trace, dense_mlp, routed_experts};
+use crate::ops::{self, Float, linear, normed, rms_norm};
 use moek_kernels::ir::Activation;
 
 impl<W: Float> Model<'_, W> {
@@ -78,34 +74,19 @@ impl<W: Float> Model<'_, W> {
         let mut m = vec![0f32; s * hd];
         let shape = self.moe_shape(s, moe);
         let forced = self.variant.as_deref();
-        let (act, b) = (Activation::GeluTanh, &self.backend);
-        match (&mw.experts.gate_up_proj, &mw.experts.down_proj) {
-            (Stored::Plain(gate_up), Stored::Plain(down)) => {
-                let xe = to_w::<W>(&xn);
-                let inputs = Inputs::ExpertFfn {
-                    x: &xe,
-                    idx: &idx,
-                    weights: &weights,
-                    gate_up,
-                    down,
-                    bias: Default::default(),
-                };
-                run_traced(b, i, "moe", act, &shape, &inputs, &mut m, forced, trace)?;
-            }
-            (Stored::Q8_0(gate_up), Stored::Q8_0(down)) => {
-                let inputs = quantized_experts(&xn, &idx, &weights, gate_up, down);
-                run_traced_quantized(b, i, "moe", act, &shape, &inputs, &mut m, forced, trace)?;
-            }
-            (Stored::Q4_0(gate_up), Stored::Q4_0(down)) => {
-                let inputs = quantized_experts(&xn, &idx, &weights, gate_up, down);
-                run_traced_quantized(b, i, "moe", act, &shape, &inputs, &mut m, forced, trace)?;
-            }
-            (g, d) => unreachable!(
-                "layer {i}'s banks are {} and {}: a model's banks share one format",
-                g.dtype(),
-                d.dtype()
-            ),
-        }
+        let banks = (&mw.experts.gate_up_proj, &mw.experts.down_proj);
+        let (act, routes) = (Activation::GeluTanh, (&xn[..], &idx[..], &weights[..]));
+        routed_experts(
+            &self.backend,
+            i,
+            act,
+            &shape,
+            routes,
+            banks,
+            &mut m,
+            forced,
+            trace,
+        )?;
         Ok(m)
     }
 

@@ -7,13 +7,12 @@ use super::config::Config;
 use super::weights::{DecoderLayer, Feedforward, SparseMoe, Weights};
 use crate::forward::{
     Cache, CausalLm, Head, LayerCache, ModelError, Trace, check_tokens, dense_mlp, head_rows,
-    quantized_experts, run_traced, run_traced_quantized, step,
+    routed_experts, step,
 };
-use crate::ops::{self, Float, linear, normed, rms_norm, to_w};
-use crate::quantized::Stored;
+use crate::ops::{self, Float, linear, normed, rms_norm};
 use moek_kernels::dispatch::{self, Backend};
 use moek_kernels::ir::{Activation, Op};
-use moek_kernels::{Elem, Inputs, Shape, specs};
+use moek_kernels::{Elem, Shape, specs};
 
 /// A Qwen3-MoE model ready to run (see [`crate::gemma4::model::Model`]: the same contract).
 #[derive(Debug)]
@@ -200,34 +199,19 @@ impl<W: Float> Model<'_, W> {
         let mut out = vec![0f32; s * hd];
         let shape = self.moe_shape(s);
         let forced = self.variant.as_deref();
-        let (act, b) = (Activation::Silu, &self.backend);
-        match (&moe.gate_up_proj, &moe.down_proj) {
-            (Stored::Plain(gate_up), Stored::Plain(down)) => {
-                let xe = to_w::<W>(hn);
-                let inputs = Inputs::ExpertFfn {
-                    x: &xe,
-                    idx: &idx,
-                    weights: &weights,
-                    gate_up,
-                    down,
-                    bias: Default::default(),
-                };
-                run_traced(b, i, "moe", act, &shape, &inputs, &mut out, forced, trace)?;
-            }
-            (Stored::Q8_0(gate_up), Stored::Q8_0(down)) => {
-                let inputs = quantized_experts(hn, &idx, &weights, gate_up, down);
-                run_traced_quantized(b, i, "moe", act, &shape, &inputs, &mut out, forced, trace)?;
-            }
-            (Stored::Q4_0(gate_up), Stored::Q4_0(down)) => {
-                let inputs = quantized_experts(hn, &idx, &weights, gate_up, down);
-                run_traced_quantized(b, i, "moe", act, &shape, &inputs, &mut out, forced, trace)?;
-            }
-            (g, d) => unreachable!(
-                "layer {i}'s banks are {} and {}: a model's banks share one format",
-                g.dtype(),
-                d.dtype()
-            ),
-        }
+        let banks = (&moe.gate_up_proj, &moe.down_proj);
+        let (act, routes) = (Activation::Silu, (hn, &idx[..], &weights[..]));
+        routed_experts(
+            &self.backend,
+            i,
+            act,
+            &shape,
+            routes,
+            banks,
+            &mut out,
+            forced,
+            trace,
+        )?;
         Ok(out)
     }
 
