@@ -7,6 +7,7 @@
 //! Sums follow the same plan as the AVX-512 level at half its width (docs/numerics.md).
 
 use crate::element::{Element, Kind, kind};
+use crate::quant::QuantizedActivation;
 use std::arch::x86_64::*;
 
 /// f32 lanes per vector.
@@ -284,124 +285,199 @@ pub(crate) unsafe fn read_chunk(words: &[u64]) -> u64 {
     crate::bandwidth::read_chunk_each(words)
 }
 
-/// One block's 8 i32 lane sums against the activation block `x` (lane `i` over values
-/// `4i..4i + 4`).
-trait LaneSums {
-    /// Whether [`LaneSums::lane_sums`] reads `offset`.
-    const OFFSETS: bool;
-    fn scale_bits(&self) -> u16;
-    /// # Safety
-    /// Needs AVX2 (the caller's target features).
-    unsafe fn lane_sums(&self, x: __m256i, offset: *const i32) -> __m256i;
+/// For one row of quantized blocks, `sum over segs (in order) of row[seg] . x[seg]`, the
+/// segments in blocks: each segment's sum reduced to one number before it is added, as
+/// [`crate::dot::dotn_segments`] does for plain rows, all in one call.
+#[inline(always)]
+fn sum_segments(segs: &[(usize, usize)], mut segment: impl FnMut(usize, usize) -> f32) -> f32 {
+    segs.iter().fold(0f32, |sum, &(s, e)| sum + segment(s, e))
 }
 
-impl LaneSums for moek_ir::quant::BlockQ8_0 {
-    const OFFSETS: bool = false;
-    #[inline(always)]
-    fn scale_bits(&self) -> u16 {
-        self.d
-    }
-    /// `|w|` as unsigned times `x` with `w`'s sign (`vpmaddubsw`), pairs of i16 added
-    /// (`vpmaddwd`). Exact: `|w| <= 128` and `x != -128` keep each pair within i16.
-    #[inline(always)]
-    unsafe fn lane_sums(&self, x: __m256i, _: *const i32) -> __m256i {
-        // SAFETY: a block holds 32 bytes of values.
-        unsafe {
-            let w = _mm256_loadu_si256(self.qs.as_ptr().cast());
-            let dot = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-            _mm256_madd_epi16(dot, _mm256_set1_epi16(1))
-        }
-    }
-}
-
-impl LaneSums for moek_ir::quant::BlockQ4_0 {
-    const OFFSETS: bool = true;
-    #[inline(always)]
-    fn scale_bits(&self) -> u16 {
-        self.d
-    }
-    /// The nibbles as stored (0..=15; low ones are values 0..16, high ones 16..32) times `x`,
-    /// less the offset's `8 x` per lane ([`crate::quant::QuantizedActivation::offsets`]):
-    /// `sum (n - 8) x` exactly, without widening or negating a byte.
-    #[inline(always)]
-    unsafe fn lane_sums(&self, x: __m256i, offset: *const i32) -> __m256i {
-        // SAFETY: a block holds 16 bytes of nibbles; `offset` 8 lanes (the caller's).
-        unsafe {
-            let packed = _mm_loadu_si128(self.qs.as_ptr().cast());
-            let both = _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed);
-            let n = _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
-            let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(n, x), _mm256_set1_epi16(1));
-            _mm256_sub_epi32(dot, _mm256_loadu_si256(offset.cast()))
-        }
-    }
-}
-
-/// `sum_b scale(w[b]) * xd[b] * (w[b] . xq[b])`: each block's lane sums scaled by both scales
-/// and fused into one of [`CHAINS`] accumulators in turn (block `b` into chain `b % 4`, so no
-/// one chain's FMA latency bounds the loop), added (0 + 1) + (2 + 3), then the lanes by the
-/// fixed tree. `offsets` holds 8 lanes a block (read by Q4_0 only).
-#[inline]
+/// [`sum_segments`] for Q8_0: per block, `|w|` as unsigned times `x` with `w`'s sign
+/// (`vpmaddubsw`; exact, as `|w| <= 128` and `x != -128` keep each pair within i16), pairs of
+/// i16 added (`vpmaddwd`) into 8 lanes over values `4i..4i + 4`, scaled by both scales and
+/// fused into one of [`CHAINS`] accumulators in turn (block `b` into chain `b % 4`, so no one
+/// chain's FMA latency bounds the loop), added (0 + 1) + (2 + 3), then the lanes by the fixed
+/// tree.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_blocks<B: LaneSums>(
-    w: &[B],
-    xd: &[f32],
-    xq: &[i8],
-    offsets: &[i32],
+pub(crate) unsafe fn dot_q8_0(
+    row: &[moek_ir::quant::BlockQ8_0],
+    x: &QuantizedActivation,
+    segs: &[(usize, usize)],
     ahead: usize,
 ) -> f32 {
-    assert!(xd.len() >= w.len() && xq.len() >= w.len() * 32);
-    assert!(!B::OFFSETS || offsets.len() >= w.len() * 8);
-    let mut acc = [_mm256_setzero_ps(); CHAINS];
-    let step = |acc: &mut __m256, b: usize, blk: &B| {
-        let p: *const u8 = (blk as *const B).cast();
-        crate::memory::prefetch(p.wrapping_add(ahead));
-        // SAFETY: the slices hold `b`'s lanes (asserted); AVX2 is this function's.
+    let n = segs.iter().map(|&(_, e)| e).max().unwrap_or(0);
+    assert!(row.len() >= n && x.scales.len() >= n && x.values.len() >= n * 32);
+    let ones = _mm256_set1_epi16(1);
+    let step = |acc: &mut __m256, b: usize| {
+        // SAFETY: `b < n`: the slices hold block `b`'s lanes (asserted); AVX2 is ours.
         unsafe {
-            let xv = _mm256_loadu_si256(xq.as_ptr().add(b * 32).cast());
-            let sums = _mm256_cvtepi32_ps(blk.lane_sums(xv, offsets.as_ptr().wrapping_add(b * 8)));
-            let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(blk.scale_bits()))));
-            let d = _mm256_set1_ps(d * *xd.get_unchecked(b));
+            let blk = row.get_unchecked(b);
+            crate::memory::prefetch((blk as *const _ as *const u8).wrapping_add(ahead));
+            let xv = _mm256_loadu_si256(x.values.as_ptr().add(b * 32).cast());
+            let q = _mm256_loadu_si256(blk.qs.as_ptr().cast());
+            let dot = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q));
+            let sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(dot, ones));
+            let d = _mm256_set1_ps(f16_bits_to_f32(blk.d) * *x.scales.get_unchecked(b));
             *acc = _mm256_fmadd_ps(d, sums, *acc);
         }
     };
-    let full = w.len() / CHAINS * CHAINS;
-    for (i, four) in w[..full].chunks_exact(CHAINS).enumerate() {
-        let b = i * CHAINS;
+    sum_segments(segs, |s, e| {
+        let mut acc = [_mm256_setzero_ps(); CHAINS];
         let [a0, a1, a2, a3] = &mut acc;
-        step(a0, b, &four[0]);
-        step(a1, b + 1, &four[1]);
-        step(a2, b + 2, &four[2]);
-        step(a3, b + 3, &four[3]);
-    }
-    for (b, blk) in w.iter().enumerate().skip(full) {
-        step(&mut acc[b % CHAINS], b, blk);
-    }
-    reduce_chains(acc)
+        let full = s + (e - s) / CHAINS * CHAINS;
+        for b in (s..full).step_by(CHAINS) {
+            step(a0, b);
+            step(a1, b + 1);
+            step(a2, b + 2);
+            step(a3, b + 3);
+        }
+        // The last 0..=3 blocks, each into its own chain (fixed registers, no indexing).
+        for (b, acc) in (full..e).zip([a0, a1, a2]) {
+            step(acc, b);
+        }
+        reduce_chains(acc)
+    })
 }
 
-/// [`dot_blocks`] for Q8_0 (its lanes read no offsets).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_q8_0(
-    w: &[moek_ir::quant::BlockQ8_0],
-    xd: &[f32],
-    xq: &[i8],
-    ahead: usize,
-) -> f32 {
-    // SAFETY: this function's features are the ones `dot_blocks` needs.
-    unsafe { dot_blocks(w, xd, xq, &[], ahead) }
-}
-
-/// [`dot_blocks`] for Q4_0, with the activation's offsets.
+/// [`sum_segments`] for Q4_0, two blocks a step: their 16 bytes of nibbles side by side in one
+/// register, so one mask gives both blocks' low nibbles (values 0..16) and one shift and mask
+/// their high ones (16..32), each multiplied as stored (0..=15) by the activation's matching
+/// halves ([`QuantizedActivation::low`], [`QuantizedActivation::high`]: two blocks' halves are
+/// one 32-byte load) and added in i16 (at most 2 x 2 x 15 x 127). A block's 4 lanes then hold
+/// its sums over values `4i..4i + 4` and `16 + 4i..16 + 4i + 4`, less the activation's
+/// [`QuantizedActivation::offsets`] (what the nibbles' offset of 8 adds), scaled by both
+/// blocks' scales (one conversion for the pair) and fused into one of [`CHAINS`] accumulators
+/// in turn. A last odd block runs the same steps at half width. Against one block a step, about
+/// half the instructions a block: no lane crossing and one scale conversion a pair.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q4_0(
-    w: &[moek_ir::quant::BlockQ4_0],
-    xd: &[f32],
-    xq: &[i8],
-    offsets: &[i32],
+    row: &[moek_ir::quant::BlockQ4_0],
+    x: &QuantizedActivation,
+    segs: &[(usize, usize)],
     ahead: usize,
 ) -> f32 {
-    // SAFETY: as for Q8_0.
-    unsafe { dot_blocks(w, xd, xq, offsets, ahead) }
+    let n = segs.iter().map(|&(_, e)| e).max().unwrap_or(0);
+    assert!(row.len() >= n && x.scales.len() >= n && x.offsets.len() >= n * 4);
+    assert!(x.low.len() >= n * 16 && x.high.len() >= n * 16);
+    let (low, high, offsets, xd) = (&x.low, &x.high, &x.offsets, &x.scales);
+    let mask = _mm256_set1_epi8(0x0f);
+    let ones = _mm256_set1_epi16(1);
+    // Blocks `b` and `b + 1` into `acc`, `d` their scales (`d_b` in lanes 0..4, `d_b+1` in 4..8).
+    let pair = |acc: &mut __m256, b: usize, d: __m256| {
+        // SAFETY: `b + 1 < n`: the slices hold both blocks' lanes (asserted); AVX2 is ours.
+        unsafe {
+            let (wa, wb) = (row.get_unchecked(b), row.get_unchecked(b + 1));
+            crate::memory::prefetch((wa as *const _ as *const u8).wrapping_add(ahead));
+            let packed = _mm256_loadu2_m128i(wb.qs.as_ptr().cast(), wa.qs.as_ptr().cast());
+            let lo = _mm256_and_si256(packed, mask);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), mask);
+            let xl = _mm256_loadu_si256(low.as_ptr().add(b * 16).cast());
+            let xh = _mm256_loadu_si256(high.as_ptr().add(b * 16).cast());
+            let dot = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
+            let dot = _mm256_sub_epi32(
+                _mm256_madd_epi16(dot, ones),
+                _mm256_loadu_si256(offsets.as_ptr().add(b * 4).cast()),
+            );
+            *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot), *acc);
+        }
+    };
+    // Both scales (weight's times activation's) of blocks `8k..8k + 8` from `b`: one conversion
+    // for 8 scales, then one permute a pair spreads its two.
+    let scales8 = |b: usize| {
+        // SAFETY: `b + 8 <= n` (the callers' loop bounds).
+        unsafe {
+            let d = |i: usize| i32::from(row.get_unchecked(b + i).d);
+            let mut bits = _mm_cvtsi32_si128(d(0));
+            bits = _mm_insert_epi16::<1>(bits, d(1));
+            bits = _mm_insert_epi16::<2>(bits, d(2));
+            bits = _mm_insert_epi16::<3>(bits, d(3));
+            bits = _mm_insert_epi16::<4>(bits, d(4));
+            bits = _mm_insert_epi16::<5>(bits, d(5));
+            bits = _mm_insert_epi16::<6>(bits, d(6));
+            bits = _mm_insert_epi16::<7>(bits, d(7));
+            _mm256_mul_ps(_mm256_cvtph_ps(bits), _mm256_loadu_ps(xd.as_ptr().add(b)))
+        }
+    };
+    let spread = |d: __m256, first: i32| {
+        let at = _mm256_setr_epi32(
+            first,
+            first,
+            first,
+            first,
+            first + 1,
+            first + 1,
+            first + 1,
+            first + 1,
+        );
+        _mm256_permutevar8x32_ps(d, at)
+    };
+    // The scales of the pair at `b` alone.
+    let scales2 = |b: usize| {
+        // SAFETY: `b + 1 < n` (the caller's loop bound).
+        unsafe {
+            let bits =
+                i32::from(row.get_unchecked(b).d) | (i32::from(row.get_unchecked(b + 1).d) << 16);
+            let d = _mm_mul_ps(
+                _mm_cvtph_ps(_mm_cvtsi32_si128(bits)),
+                _mm_castpd_ps(_mm_load_sd(xd.as_ptr().add(b).cast())),
+            );
+            spread(_mm256_castps128_ps256(d), 0)
+        }
+    };
+    // Block `b` alone.
+    let single = |b: usize| {
+        // SAFETY: `b < n` (as above).
+        unsafe {
+            let blk = row.get_unchecked(b);
+            let packed = _mm_loadu_si128(blk.qs.as_ptr().cast());
+            let mask = _mm_set1_epi8(0x0f);
+            let lo = _mm_and_si128(packed, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(packed), mask);
+            let xl = _mm_loadu_si128(low.as_ptr().add(b * 16).cast());
+            let xh = _mm_loadu_si128(high.as_ptr().add(b * 16).cast());
+            let dot = _mm_add_epi16(_mm_maddubs_epi16(lo, xl), _mm_maddubs_epi16(hi, xh));
+            let dot = _mm_sub_epi32(
+                _mm_madd_epi16(dot, _mm_set1_epi16(1)),
+                _mm_loadu_si128(offsets.as_ptr().add(b * 4).cast()),
+            );
+            let lanes = _mm_cvtepi32_ps(dot);
+            let lanes = _mm_add_ps(lanes, _mm_movehl_ps(lanes, lanes));
+            let lanes = _mm_add_ss(lanes, _mm_movehdup_ps(lanes));
+            f16_bits_to_f32(blk.d) * *xd.get_unchecked(b) * _mm_cvtss_f32(lanes)
+        }
+    };
+    sum_segments(segs, |s, e| {
+        let mut acc = [_mm256_setzero_ps(); CHAINS];
+        let [a0, a1, a2, a3] = &mut acc;
+        let step = 2 * CHAINS;
+        let full = s + (e - s) / step * step;
+        for b in (s..full).step_by(step) {
+            let d = scales8(b);
+            pair(a0, b, spread(d, 0));
+            pair(a1, b + 2, spread(d, 2));
+            pair(a2, b + 4, spread(d, 4));
+            pair(a3, b + 6, spread(d, 6));
+        }
+        // The last 0..=3 pairs, each into its own chain (fixed registers, no indexing).
+        let pairs_end = full + (e - full) / 2 * 2;
+        for (b, acc) in (full..pairs_end).step_by(2).zip([a0, a1, a2]) {
+            pair(acc, b, scales2(b));
+        }
+        let sum = reduce_chains(acc);
+        if pairs_end < e {
+            sum + single(pairs_end)
+        } else {
+            sum
+        }
+    })
+}
+
+/// An f16's bits as f32 (F16C).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16_bits_to_f32(bits: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
 /// GEMM `c += a . b^T` as f32 FMA tiles over widened operands (see [`crate::gemm`]).

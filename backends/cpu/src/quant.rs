@@ -2,13 +2,14 @@
 //! integer dot products as llama.cpp computes them.
 //!
 //! The activation is quantized once per product to 8 bits per block of 32 (an f32 scale
-//! `amax / 127` and i8 values, rounded to nearest); each block's dot product is then exact in
-//! 32-bit integers, scaled by both blocks' scales and added in f32. On AVX2 a block is one
-//! `vpmaddubsw` (unsigned x signed bytes into i16 pairs; the weight's sign moved onto the
-//! activation by `vpsignb`) and one `vpmaddwd` against ones; there is no AVX-512 VNNI kernel
-//! (no CPU here to test one on), so the AVX-512 and AMX levels run the AVX2 one. Integer dots
-//! are chosen over widening the weights to f32 and using FMAs: a block is 4 instructions instead
-//! of 12 (8 widenings and 4 FMAs), and decode is bound by memory either way, prefill is not.
+//! `amax / 127` and i8 values, rounded to nearest, ties to even); each block's dot product is
+//! then exact in 32-bit integers, scaled by both blocks' scales and added in f32. On AVX2 a Q8_0
+//! block is one `vpmaddubsw` (unsigned x signed bytes into i16 pairs; the weight's sign moved
+//! onto the activation by `vpsignb`) and one `vpmaddwd` against ones; Q4_0 takes two blocks a
+//! step ([`crate::avx2::dot_q4_0`]). There is no AVX-512 VNNI kernel (no CPU here to test one
+//! on), so the AVX-512 and AMX levels run the AVX2 one. Integer dots are chosen over widening
+//! the weights to f32 and using FMAs: a block is 4 instructions instead of 12 (8 widenings and 4
+//! FMAs), and decode is bound by memory either way, prefill is not.
 //!
 //! The activation's rounding is the only rounding beyond f32 sums: each value moves by at most
 //! half a step, `amax / 254` of its block (docs/numerics.md).
@@ -19,14 +20,20 @@ use moek_ir::quant::{BLOCK, BlockQ4_0, BlockQ8_0, Packed, Quantized};
 use std::cell::RefCell;
 use std::ops::Range;
 
-/// An activation vector in Q8 blocks: one f32 scale per block and the values as i8.
+/// An activation vector in Q8 blocks: one f32 scale per block and the values as i8, also
+/// split into halves for the AVX2 Q4_0 kernel (`crate::avx2::dot_q4_0`).
 #[derive(Debug, Default)]
 pub struct QuantizedActivation {
     pub scales: Vec<f32>,
     pub values: Vec<i8>,
-    /// Per block, 8 x the sum of each run of 4 values (8 per block): what Q4_0's offset of 8
-    /// takes from each 32-bit lane of a block's dot product, so the AVX2 kernel multiplies the
-    /// nibbles as they are stored (0..=15) and subtracts this once.
+    /// Each block's values `0..16`, block after block: what Q4_0's low nibbles multiply, so two
+    /// blocks' halves are one 32-byte load beside their two blocks' nibbles.
+    pub low: Vec<i8>,
+    /// Each block's values `16..32` (the high nibbles'), block after block.
+    pub high: Vec<i8>,
+    /// Per block, 4 lanes: 8 x the sum of values `4i..4i + 4` and `16 + 4i..16 + 4i + 4`, what
+    /// Q4_0's offset of 8 adds to lane `i` of the AVX2 kernel's block sums, so it multiplies
+    /// the nibbles as they are stored (0..=15) and subtracts this once.
     pub offsets: Vec<i32>,
 }
 
@@ -41,7 +48,10 @@ impl QuantizedActivation {
         );
         self.scales.clear();
         self.values.clear();
+        self.low.clear();
+        self.high.clear();
         self.offsets.clear();
+        const HALF: usize = BLOCK / 2;
         for block in x.chunks_exact(BLOCK) {
             let amax = block.iter().fold(0f32, |m, v| m.max(v.to_f32().abs()));
             let d = amax / 127.0;
@@ -50,14 +60,25 @@ impl QuantizedActivation {
             // |v * id| <= 127: never -128, which the AVX2 kernel's sign trick could not negate.
             let start = self.values.len();
             self.values
-                .extend(block.iter().map(|v| (v.to_f32() * id).round() as i8));
-            self.offsets.extend(
-                self.values[start..]
-                    .chunks_exact(4)
-                    .map(|four| 8 * four.iter().map(|&q| i32::from(q)).sum::<i32>()),
-            );
+                .extend(block.iter().map(|v| round_small(v.to_f32() * id) as i8));
+            let q = &self.values[start..];
+            self.low.extend_from_slice(&q[..HALF]);
+            self.high.extend_from_slice(&q[HALF..]);
+            let sum = |r: &[i8]| r.iter().map(|&v| i32::from(v)).sum::<i32>();
+            self.offsets.extend((0..4).map(|i| {
+                8 * (sum(&q[4 * i..4 * i + 4]) + sum(&q[HALF + 4 * i..HALF + 4 * i + 4]))
+            }));
         }
     }
+}
+
+/// `v` rounded to the nearest whole number, ties to even, for `|v| < 2^22`: adding and taking
+/// away `1.5 x 2^23` leaves no fraction bits (f32 addition rounds to nearest even), in two
+/// additions the compiler vectorizes, where `f32::round` is a call to libm per value.
+#[inline]
+fn round_small(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (v + MAGIC) - MAGIC
 }
 
 /// A stored weight element the generated products read: a plain element (one value) or a
@@ -96,14 +117,20 @@ macro_rules! plain_weight {
 
 plain_weight!(half::f16, half::bf16, f32);
 
-/// A quantized block format with its block dot product on each level.
+/// A quantized block format with its row products on each level.
 pub trait QuantBlock: Quantized + Copy + Send + Sync + 'static {
     /// `sum_b scale(w[b]) * xd[b] * (w[b] . xq[b])`, blocks in order.
     fn dot_portable(w: &[Self], xd: &[f32], xq: &[i8]) -> f32;
-    /// The same on AVX2 (8 lanes, reduced by a fixed tree) for blocks `blocks` of `x`;
-    /// prefetches `ahead` bytes on.
+    /// On AVX2, `sum over segs (in order) of row[seg] . x[seg]`, the segments in blocks, each
+    /// reduced to one number (8 lanes by a fixed tree) before it is added; prefetches `ahead`
+    /// bytes on.
     #[cfg(target_arch = "x86_64")]
-    fn dot_avx2(w: &[Self], x: &QuantizedActivation, blocks: Range<usize>, ahead: usize) -> f32;
+    fn dot_avx2(
+        row: &[Self],
+        x: &QuantizedActivation,
+        segs: &[(usize, usize)],
+        ahead: usize,
+    ) -> f32;
 }
 
 impl QuantBlock for BlockQ8_0 {
@@ -121,13 +148,14 @@ impl QuantBlock for BlockQ8_0 {
     }
 
     #[cfg(target_arch = "x86_64")]
-    fn dot_avx2(w: &[Self], x: &QuantizedActivation, b: Range<usize>, ahead: usize) -> f32 {
-        let (xd, xq) = (
-            &x.scales[b.clone()],
-            &x.values[b.start * BLOCK..b.end * BLOCK],
-        );
-        // SAFETY: `rows_q` checked the level; the slices hold `w.len()` blocks.
-        unsafe { crate::avx2::dot_q8_0(w, xd, xq, ahead) }
+    fn dot_avx2(
+        row: &[Self],
+        x: &QuantizedActivation,
+        segs: &[(usize, usize)],
+        ahead: usize,
+    ) -> f32 {
+        // SAFETY: `rows_q` checked the level; the kernel asserts the lengths.
+        unsafe { crate::avx2::dot_q8_0(row, x, segs, ahead) }
     }
 }
 
@@ -144,14 +172,14 @@ impl QuantBlock for BlockQ4_0 {
     }
 
     #[cfg(target_arch = "x86_64")]
-    fn dot_avx2(w: &[Self], x: &QuantizedActivation, b: Range<usize>, ahead: usize) -> f32 {
-        let (xd, xq) = (
-            &x.scales[b.clone()],
-            &x.values[b.start * BLOCK..b.end * BLOCK],
-        );
-        let offsets = &x.offsets[b.start * 8..b.end * 8];
+    fn dot_avx2(
+        row: &[Self],
+        x: &QuantizedActivation,
+        segs: &[(usize, usize)],
+        ahead: usize,
+    ) -> f32 {
         // SAFETY: as for Q8_0.
-        unsafe { crate::avx2::dot_q4_0(w, xd, xq, offsets, ahead) }
+        unsafe { crate::avx2::dot_q4_0(row, x, segs, ahead) }
     }
 }
 
@@ -214,19 +242,16 @@ pub fn rows_q<Q: QuantBlock>(
     }
     let level = isa();
     let ahead = crate::dot::PREFETCH_AHEAD;
+    let blocks: Vec<(usize, usize)> = segs.iter().map(|&(s, e)| (s / BLOCK, e / BLOCK)).collect();
     for (o, j) in out.iter_mut().zip(rows) {
         let row = &mat[j * ldb..j * ldb + kb];
-        let mut sum = 0f32;
-        for &(s, e) in segs {
-            let (s, e) = (s / BLOCK, e / BLOCK);
-            let w = &row[s..e];
-            sum += match level {
-                #[cfg(target_arch = "x86_64")]
-                Isa::Amx | Isa::Avx512Bf16 | Isa::Avx2 => Q::dot_avx2(w, x, s..e, ahead),
-                _ => Q::dot_portable(w, &x.scales[s..e], &x.values[s * BLOCK..e * BLOCK]),
-            };
-        }
-        *o = sum;
+        *o = match level {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx | Isa::Avx512Bf16 | Isa::Avx2 => Q::dot_avx2(row, x, &blocks, ahead),
+            _ => blocks.iter().fold(0f32, |sum, &(s, e)| {
+                sum + Q::dot_portable(&row[s..e], &x.scales[s..e], &x.values[s * BLOCK..e * BLOCK])
+            }),
+        };
     }
 }
 
@@ -250,7 +275,9 @@ mod tests {
     /// Against f64 sums of the dequantized weights and activations: the integer path computes
     /// those exactly up to f32 sums of the block products.
     fn matches_dequantized<Q: QuantBlock>() {
-        let (rows, k) = (5, 4 * BLOCK);
+        // 19 blocks in segments of 3 and 16 (the second starting on an odd block): the AVX2
+        // Q4_0 kernel's pairs, its 8-block steps and its last odd block.
+        let (rows, k) = (5, 19 * BLOCK);
         let w: Vec<Q> = quantize(&values(rows * k, 1));
         let x = values(k, 2);
         let mut xq = QuantizedActivation::default();
@@ -262,7 +289,7 @@ mod tests {
             .map(|(i, &q)| f64::from(xq.scales[i / BLOCK]) * f64::from(q))
             .collect();
         let wd = dequantize(&w);
-        let segs = [(0, 64), (64, 128)];
+        let segs = [(0, 3 * BLOCK), (3 * BLOCK, k)];
         let mut got = vec![0f32; rows];
         rows_q(&xq, &w, k, 0..rows, &segs, &mut got);
         for (j, g) in got.iter().enumerate() {
