@@ -75,7 +75,7 @@ pub fn linears<W: Float>(
     // its rows of activations a few times per call. A streamed weight (decode) is cut finer, 8
     // blocks per thread, so that threads taking blocks of uneven matrices (q beside k, a
     // 2816-row o_proj) finish together: 2 per thread left one thread reading alone at the end
-    // (attention at 69% of the read bandwidth against 80% with 8, 26B-A4B on 2 cores).
+    // (attention at 69% of the read bandwidth against 81-85% with 8, 26B-A4B on 2 cores).
     let per_thread = if rows < moek_cpu::gemm::STREAM_ROWS {
         8
     } else {
