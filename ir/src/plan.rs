@@ -47,14 +47,18 @@ pub enum Role {
     Indirect,
 }
 
-/// One tensor of the program: `elems` elements of `elem_bytes`, bound as `chunks` buffers of
-/// `chunk_rows` rows of `row_len` elements (the last may be shorter).
+/// One tensor of the program: `elems` values stored `values_per_elem` to an element of
+/// `elem_bytes` (one value for the plain dtypes; a block of 32 and its scale for quantized
+/// weights), bound as `chunks` buffers of `chunk_rows` rows of `row_len` values (the last may be
+/// shorter). Rows are whole stored elements.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TensorPlan {
     pub name: String,
     pub role: Role,
     pub elems: usize,
     pub elem_bytes: usize,
+    #[serde(default = "one")]
+    pub values_per_elem: usize,
     /// u32 words read as they are (route indices, expert lists), never through a float loader.
     #[serde(default)]
     pub integer: bool,
@@ -63,17 +67,31 @@ pub struct TensorPlan {
     pub chunks: usize,
 }
 
+fn one() -> usize {
+    1
+}
+
 impl TensorPlan {
-    /// Element range of chunk `c`.
+    /// Value range of chunk `c`.
     pub fn chunk(&self, c: usize) -> std::ops::Range<usize> {
         let per = self.chunk_rows * self.row_len;
         (c * per).min(self.elems)..((c + 1) * per).min(self.elems)
     }
 
+    /// Bytes that `values` values (whole stored elements) take.
+    pub fn bytes_of(&self, values: usize) -> usize {
+        values / self.values_per_elem * self.elem_bytes
+    }
+
+    /// Bytes of the whole tensor as stored.
+    pub fn bytes(&self) -> usize {
+        self.bytes_of(self.elems)
+    }
+
     /// Bytes of chunk `c` as bound: whole 32-bit words.
     pub fn chunk_bytes(&self, c: usize) -> u64 {
         let r = self.chunk(c);
-        (((r.end - r.start) * self.elem_bytes).div_ceil(4) * 4).max(4) as u64
+        (self.bytes_of(r.end - r.start).div_ceil(4) * 4).max(4) as u64
     }
 }
 

@@ -237,6 +237,16 @@ impl Runtime for Wgpu {
         cfg!(feature = "wgpu")
     }
 
+    /// Quantized weights are dequantized exactly and multiplied by f32 activations that are
+    /// never rounded (no 8-bit activation as on the CPU): what remains is f32 accumulation, the
+    /// f32 variants' tolerance.
+    fn tolerance(dtype: DType) -> Tolerance {
+        match dtype.is_quantized() {
+            true => tolerance(DType::F32),
+            false => tolerance(dtype),
+        }
+    }
+
     /// Banks are bound in the checkpoint layout and read by route in place, without a copy. A
     /// GPU has no LX scratchpad (no `lx_completed_sum`). `shader_f16` only where the shared
     /// device reads f16 natively (see `moek_wgpu::F16Mode`).
@@ -255,14 +265,29 @@ impl Runtime for Wgpu {
         capabilities
     }
 
-    /// A backend with resident weights runs in its one session (uploading each weight once);
-    /// otherwise every run opens a session of its own and uploads every tensor.
-    #[allow(unused_variables)]
     fn run<W: Elem>(
         backend: &Backend,
         entry: &KernelEntry,
         shape: &Shape,
         inputs: &Inputs<'_, W>,
+        out: &mut [f32],
+    ) -> Result<Ran, String> {
+        Wgpu::run_stored(backend, entry, W::DTYPE, shape, inputs, out)
+    }
+}
+
+impl Wgpu {
+    /// [`Runtime::run`] for weights stored in `dtype` (plain or quantized blocks) beside
+    /// activations in `A`. A backend with resident weights runs in its one session (uploading
+    /// each weight once); otherwise every run opens a session of its own and uploads every
+    /// tensor.
+    #[allow(unused_variables)]
+    fn run_stored<W: moek_ir::quant::Packed, A: bytemuck::Pod>(
+        backend: &Backend,
+        entry: &KernelEntry,
+        dtype: DType,
+        shape: &Shape,
+        inputs: &Inputs<'_, W, A>,
         out: &mut [f32],
     ) -> Result<Ran, String> {
         #[cfg(feature = "wgpu")]
@@ -271,7 +296,7 @@ impl Runtime for Wgpu {
             let k = entry.ir();
             let run = |s: &mut Session<'_>, out: &mut [f32]| {
                 let before = s.uploaded();
-                let argmax = s.run(k, shape, inputs, out)?;
+                let argmax = s.run_stored(k, dtype, shape, inputs, out)?;
                 Ok::<_, WgpuError>(Ran {
                     argmax,
                     uploaded: Some(s.uploaded() - before),
@@ -319,8 +344,8 @@ pub fn run<W: Elem>(
     }
 }
 
-/// Runs `entry`'s variant for weights in blocks of `Q` (beside f32 activations): a CPU variant
-/// (the checker refuses quantized dtypes on the other targets).
+/// Runs `entry`'s variant for weights in blocks of `Q` (beside f32 activations): the CPU's
+/// generated function or the wgpu program (the checker refuses quantized dtypes on Spyre).
 pub fn run_quantized<Q: QuantElem>(
     backend: &Backend,
     entry: &KernelEntry,
@@ -329,21 +354,28 @@ pub fn run_quantized<Q: QuantElem>(
     out: &mut [f32],
 ) -> Result<Ran, String> {
     same_optional_tensors(entry, inputs)?;
-    let f = (backend.target == Target::Cpu)
-        .then(|| Q::cpu_fn(&entry.cpu))
-        .flatten()
-        .ok_or_else(|| {
-            format!(
-                "`{}` has no {} variant for {} in this build",
-                entry.name(),
-                backend.target,
-                Q::DTYPE
-            )
-        })?;
-    Ok(Ran {
-        argmax: f(shape, inputs, out),
-        ..Ran::default()
-    })
+    let missing = || {
+        format!(
+            "`{}` has no {} variant for {} in this build",
+            entry.name(),
+            backend.target,
+            Q::DTYPE
+        )
+    };
+    if !entry.ir().dtypes.contains(&Q::DTYPE) || !entry.ir().targets.contains(&backend.target) {
+        return Err(missing());
+    }
+    match backend.target {
+        Target::Cpu => {
+            let f = Q::cpu_fn(&entry.cpu).ok_or_else(missing)?;
+            Ok(Ran {
+                argmax: f(shape, inputs, out),
+                ..Ran::default()
+            })
+        }
+        Target::Wgpu => Wgpu::run_stored(backend, entry, Q::DTYPE, shape, inputs, out),
+        Target::Spyre => Err(missing()),
+    }
 }
 
 /// A spec computes its biases and output gate or none: inputs with others are another function.

@@ -208,12 +208,13 @@ kernel! {
 
     /// The blocked expert FFN with Q8_0 or Q4_0 expert weights (f32 activations) at the
     /// 26B-A4B's H and F, any E and T: the blocked decode schedule (H in 4 x 704, down in
-    /// 1024/1024/768 columns, eight route owners), each product an integer dot over 32-value
-    /// blocks. 704 is 22 blocks, so every reduction block is whole blocks.
+    /// 1024/1024/768 columns, eight route owners), each product on the CPU an integer dot over
+    /// 32-value blocks, on wgpu the blocks dequantized exactly. 704 is 22 blocks, so every
+    /// reduction block is whole blocks.
     pub expert_ffn_blocked_quantized = expert_ffn {
         dims:            T, R = 8, E, H = 2816, F = 704;
         dtypes:          q8_0, q4_0;
-        targets:         cpu;
+        targets:         cpu, wgpu;
         select:          gather E by R;
         reduce:          H = 704 x 4;
         columns:         H = [1024, 1024, 768];
@@ -227,7 +228,7 @@ kernel! {
     pub general_expert_ffn_gather_quantized = expert_ffn {
         dims:       T, R, E, H, F;
         dtypes:     q8_0, q4_0;
-        targets:    cpu;
+        targets:    cpu, wgpu;
         select:     gather E by R;
         cores:      R = 8;
     }
@@ -236,7 +237,7 @@ kernel! {
     pub general_expert_ffn_gather_quantized_silu = expert_ffn {
         dims:       T, R, E, H, F;
         dtypes:     q8_0, q4_0;
-        targets:    cpu;
+        targets:    cpu, wgpu;
         activation: silu;
         select:     gather E by R;
         cores:      R = 8;
@@ -336,11 +337,11 @@ kernel! {
     }
 
     /// The LM head row over an embedding in Q8_0 or Q4_0 blocks (f32 hidden row): 32
-    /// vocabulary slices, each row an integer dot over 32-value blocks.
+    /// vocabulary slices, each row on the CPU an integer dot over 32-value blocks.
     pub general_lm_head_row_quantized = lm_head_row {
         dims:    T, H, V;
         dtypes:  q8_0, q4_0;
-        targets: cpu;
+        targets: cpu, wgpu;
         cores:   V = 32;
     }
 }

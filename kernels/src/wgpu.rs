@@ -11,9 +11,10 @@ use crate::backend::Uploaded;
 use crate::elem::Elem;
 use crate::inputs::Inputs;
 use moek_dsl::emit::wgsl::{self, WgslError};
-use moek_ir::Kernel;
 use moek_ir::plan::Role;
+use moek_ir::quant::Packed;
 use moek_ir::reference::Shape;
+use moek_ir::{DType, Kernel};
 use moek_wgpu::{GpuError, GpuTensor};
 use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
@@ -32,15 +33,16 @@ pub enum WgpuError {
     Unbound(String),
 }
 
-/// The program of `k` for `W` at `s` on the shared device, compiled once.
-pub fn program<W: Elem>(
+/// The program of `k` for weights in `dtype` at `s` on the shared device, compiled once.
+pub fn program(
     gpu: &Gpu,
     k: &Kernel,
+    dtype: DType,
     s: &Shape,
 ) -> Result<Arc<moek_wgpu::Program>, WgpuError> {
     let dev = gpu.emit_device();
-    let key = format!("{}/{}/{s:?}/{dev:?}", k.name, W::DTYPE);
-    let made = gpu.program(&key, || wgsl::program(k, W::DTYPE, s, &dev));
+    let key = format!("{}/{dtype}/{s:?}/{dev:?}", k.name);
+    let made = gpu.program(&key, || wgsl::program(k, dtype, s, &dev));
     let compiled = made.map_err(|why| WgpuError::NoProgram {
         kernel: k.name.clone(),
         why,
@@ -125,7 +127,20 @@ impl<'w> Session<'w> {
         inputs: &Inputs<'_, W>,
         out: &mut [f32],
     ) -> Result<Option<u32>, WgpuError> {
-        let p = program::<W>(self.gpu, k, s)?;
+        self.run_stored(k, W::DTYPE, s, inputs, out)
+    }
+
+    /// [`Session::run`] for weights stored as `dtype` says (plain, or blocks of a quantized
+    /// format as `W`) beside activations in `A`.
+    pub fn run_stored<W: Packed, A: bytemuck::Pod>(
+        &mut self,
+        k: &Kernel,
+        dtype: DType,
+        s: &Shape,
+        inputs: &Inputs<'_, W, A>,
+        out: &mut [f32],
+    ) -> Result<Option<u32>, WgpuError> {
+        let p = program(self.gpu, k, dtype, s)?;
         let (host, softcap) = host_tensors(inputs);
         let mut bound: Vec<Arc<GpuTensor>> = vec![];
         for plan in p.plan.tensors.iter().filter(|t| t.role != Role::Params) {
@@ -182,7 +197,9 @@ fn key_of(bytes: &[u8]) -> (usize, usize) {
 
 /// The op's tensors by the names the emitter binds (the op table's), as bytes, and the softcap
 /// (0 if none: the program's softcap passes logits through).
-fn host_tensors<'a, W: Elem>(inputs: &Inputs<'a, W>) -> (Vec<(&'static str, &'a [u8])>, f32) {
+fn host_tensors<'a, W: Packed, A: bytemuck::Pod>(
+    inputs: &Inputs<'a, W, A>,
+) -> (Vec<(&'static str, &'a [u8])>, f32) {
     let names = inputs.defs().into_iter().map(|t| t.name);
     let bytes = inputs.bound().into_iter().map(|t| t.bytes());
     (names.zip(bytes).collect(), inputs.softcap().unwrap_or(0.0))

@@ -39,7 +39,7 @@ fn every_program_validates_in_both_f16_modes_and_when_chunked() {
                 .tensors
                 .iter()
                 .filter(|t| t.role == Role::Weight)
-                .map(|t| (t.elems * t.elem_bytes) as u64)
+                .map(|t| t.bytes() as u64)
                 .max()
                 .expect("every wgpu op reads weights");
             for binding_limit in [1 << 27, largest.div_ceil(3)] {

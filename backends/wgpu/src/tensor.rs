@@ -16,14 +16,14 @@ impl GpuTensor {
     pub fn upload(gpu: &Gpu, plan: &TensorPlan, bytes: &[u8]) -> GpuTensor {
         assert_eq!(
             bytes.len(),
-            plan.elems * plan.elem_bytes,
+            plan.bytes(),
             "tensor `{}`: bytes do not match its plan",
             plan.name
         );
         let buffers = (0..plan.chunks)
             .map(|c| {
                 let r = plan.chunk(c);
-                let src = &bytes[r.start * plan.elem_bytes..r.end * plan.elem_bytes];
+                let src = &bytes[plan.bytes_of(r.start)..plan.bytes_of(r.end)];
                 let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some(&format!("{}_{c}", plan.name)),
                     size: plan.chunk_bytes(c),

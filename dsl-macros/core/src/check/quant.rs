@@ -43,14 +43,6 @@ impl Checker {
                 ),
             );
         }
-        if let Some(&(_, at)) = p.targets.iter().find(|t| t.0 == Target::Wgpu) {
-            self.errors.push(
-                at,
-                format!(
-                    "the wgpu emitter has no `{dtype}` block loader: drop `wgpu` from this spec"
-                ),
-            );
-        }
         self.whole_blocks(k, p, dtype);
     }
 

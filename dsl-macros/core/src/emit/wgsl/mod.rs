@@ -19,7 +19,10 @@
 //! Every dim is baked into the source. Tensors larger than the device's binding limit are bound
 //! as several buffers of whole rows (`gate_up_0`, `gate_up_1`, ...): a row never straddles two.
 //! 16-bit tensors are read as packed `u32` pairs (`unpack2x16float`; bf16 by shifting), or as
-//! `array<f16>` under `enable f16;` when the device has `SHADER_F16`. Arithmetic is f32.
+//! `array<f16>` under `enable f16;` when the device has `SHADER_F16`. Quantized weights (Q8_0,
+//! Q4_0) are read byte by byte from `u32` words of their blocks as stored and dequantized exactly
+//! (`tensors.rs`), beside f32 activations: no activation is rounded, unlike the CPU's integer
+//! dots. Arithmetic is f32.
 
 use moek_ir::plan::{DeviceCaps, DevicePlan, Role, Step, TensorPlan, WORKGROUP};
 use moek_ir::reference::Shape;
@@ -82,12 +85,14 @@ struct Emitter<'k> {
     parts: Vec<String>,
 }
 
-/// How a tensor's elements are stored: in the variant's dtype, or as 32-bit f32 or u32 words.
+/// How a tensor's elements are stored: in the variant's dtype, as 32-bit f32 or u32 words, or
+/// (weights of a quantized variant) in the dtype's blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Store {
     Dtype,
     F32,
     U32,
+    Blocks,
 }
 
 /// Reduction segments `(start, end)`, in order.
@@ -163,7 +168,7 @@ impl<'k> Emitter<'k> {
             (DType::Bf16, _) => "bf16 from packed u32 pairs",
             (DType::F16, _) => "f16 from packed u32 pairs (unpack2x16float)",
             (DType::Q8_0 | DType::Q4_0, _) => {
-                unreachable!("the checker refuses quantized weights on wgpu")
+                "weights in blocks read from u32 words and dequantized exactly, f32 activations"
             }
         };
         let mut src = String::new();

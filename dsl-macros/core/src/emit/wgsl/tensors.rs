@@ -3,6 +3,7 @@
 use super::{Emitter, Store, WgslError};
 use moek_ir::DType;
 use moek_ir::plan::{Role, TensorPlan};
+use moek_ir::quant::BLOCK;
 use moek_ir::tensors::{DOWN_BIAS, ElemClass, GATE_UP_BIAS, OUTPUT_GATE, TensorRole};
 use std::fmt::Write;
 
@@ -15,7 +16,11 @@ impl Emitter<'_> {
                 TensorRole::Weight => Role::Weight,
                 TensorRole::Input | TensorRole::Route => Role::Input,
             };
+            let quantized = self.dtype.is_quantized();
             let store = match t.class {
+                // Beside quantized weights, activations are f32.
+                ElemClass::Activation if quantized => Store::F32,
+                ElemClass::Weight if quantized => Store::Blocks,
                 ElemClass::Activation | ElemClass::Weight => Store::Dtype,
                 ElemClass::F32 => Store::F32,
                 ElemClass::Index => Store::U32,
@@ -49,9 +54,15 @@ impl Emitter<'_> {
         store: Store,
         row_len: usize,
     ) -> Result<(), WgslError> {
-        let elem_bytes = match store {
-            Store::Dtype => self.dtype.bytes(),
-            Store::F32 | Store::U32 => 4,
+        let (elem_bytes, values_per_elem) = match store {
+            Store::Dtype => (self.dtype.bytes(), 1),
+            Store::F32 | Store::U32 => (4, 1),
+            Store::Blocks => (
+                self.dtype
+                    .block_bytes()
+                    .expect("blocks of a quantized dtype"),
+                BLOCK,
+            ),
         };
         if elems >= u32::MAX as usize {
             return Err(WgslError::TooLarge {
@@ -60,9 +71,14 @@ impl Emitter<'_> {
             });
         }
         let row_len = row_len.max(1);
+        assert!(
+            row_len.is_multiple_of(values_per_elem),
+            "`{name}`: rows of {row_len} values are not whole blocks (the checker's and the input checks' job)"
+        );
         let rows = elems.div_ceil(row_len).max(1);
-        let row_bytes = (row_len * elem_bytes) as u64;
+        let row_bytes = (row_len / values_per_elem * elem_bytes) as u64;
         // Words must not straddle chunks: 16-bit chunks hold an even number of elements.
+        // (Block chunks are whole rows of whole blocks, each its own buffer from its first byte.)
         let step = if elem_bytes == 2 && row_len % 2 == 1 {
             2
         } else {
@@ -82,7 +98,7 @@ impl Emitter<'_> {
         if chunks > 1 && role != Role::Weight {
             return Err(WgslError::Whole {
                 tensor: name.to_string(),
-                bytes: (elems * elem_bytes) as u64,
+                bytes: (elems / values_per_elem * elem_bytes) as u64,
                 limit: self.dev.binding_limit,
             });
         }
@@ -91,6 +107,7 @@ impl Emitter<'_> {
             role,
             elems,
             elem_bytes,
+            values_per_elem,
             integer: store == Store::U32,
             row_len,
             chunk_rows,
@@ -138,6 +155,7 @@ impl Emitter<'_> {
     /// The WGSL element type a tensor is declared with.
     pub(super) fn storage_elem(&self, t: &TensorPlan) -> &'static str {
         match t.elem_bytes {
+            _ if t.values_per_elem > 1 => "u32",
             2 if self.native_f16() => "f16",
             2 => "u32",
             _ if t.integer => "u32",
@@ -154,6 +172,10 @@ impl Emitter<'_> {
             }
             for c in 0..t.chunks {
                 let var = chunk_var(t, c);
+                if t.values_per_elem > 1 {
+                    out.push_str(&self.block_loaders(&var, t));
+                    continue;
+                }
                 let body = match (t.elem_bytes, self.storage_elem(t)) {
                     (2, "f16") => format!("return f32({var}[i]);"),
                     (2, _) if self.dtype == DType::Bf16 => format!(
@@ -178,6 +200,41 @@ impl Emitter<'_> {
             }
         }
         out
+    }
+}
+
+impl Emitter<'_> {
+    /// The loaders of one chunk of quantized blocks, stored as llama.cpp stores them (an f16
+    /// scale, then the values: Q8_0 as 32 i8, Q4_0 as 16 bytes of nibbles, value `j` in byte
+    /// `j % 16`'s low nibble for `j < 16`, its high one after) and read as little-endian `u32`
+    /// words: `byte_VAR(o)`, then `ld_VAR(i)` the exact value `i` (`d * q`, `d * (n - 8)`) and
+    /// `ld2_VAR(i)` values `i` and `i + 1`.
+    fn block_loaders(&self, var: &str, t: &TensorPlan) -> String {
+        let bytes = t.elem_bytes;
+        let value = match self.dtype {
+            DType::Q8_0 => {
+                "let q = bitcast<i32>(byte_VAR(o + 2u + j) << 24u) >> 24u;\n    \
+                            return d * f32(q);"
+            }
+            DType::Q4_0 => {
+                "let b = byte_VAR(o + 2u + (j & 15u));\n    \
+                            let n = select(b & 15u, b >> 4u, j >= 16u);\n    \
+                            return d * (f32(n) - 8.0);"
+            }
+            d => unreachable!("{d} is not a block format"),
+        };
+        format!(
+            "fn byte_VAR(o: u32) -> u32 {{\n    \
+             return (VAR[o >> 2u] >> ((o & 3u) * 8u)) & 0xffu;\n}}\n\
+             fn ld_VAR(i: u32) -> f32 {{\n    \
+             let o = (i / {BLOCK}u) * {bytes}u;\n    \
+             let j = i % {BLOCK}u;\n    \
+             let d = unpack2x16float(byte_VAR(o) | (byte_VAR(o + 1u) << 8u)).x;\n    \
+             {value}\n}}\n\
+             fn ld2_VAR(i: u32) -> vec2<f32> {{\n    \
+             return vec2<f32>(ld_VAR(i), ld_VAR(i + 1u));\n}}\n"
+        )
+        .replace("VAR", var)
     }
 }
 
