@@ -13,6 +13,7 @@
 //! Greedy tokens must equal the reference's while its top-2 margin is more than twice the
 //! largest logit error the quantized model shows on the prompt's rows.
 
+use moek_kernels::Backend;
 use moek_model::checkpoint::{Checkpoint, LoadError, Residence};
 use moek_model::forward::{Cache, CausalLm, Head};
 use moek_model::gemma4::config::Config;
@@ -87,10 +88,14 @@ fn deviation(got: &[Vec<f32>], want: &[Vec<f32>]) -> (f64, f64) {
 }
 
 fn model_of(dir: &Path, quantize: Option<Quant>) -> Model<'static, f32> {
+    model_on(dir, quantize, Backend::cpu())
+}
+
+fn model_on(dir: &Path, quantize: Option<Quant>, backend: Backend) -> Model<'static, f32> {
     let cfg = Config::load(dir).unwrap();
     let ck: &'static Checkpoint = Box::leak(Box::new(Checkpoint::open(dir).unwrap()));
     let w = weights::load_quantized::<f32>(ck, &cfg, Residence::Mapped, quantize, |_| {}).unwrap();
-    Model::new(cfg, w, moek_kernels::Backend::cpu(), None)
+    Model::new(cfg, w, backend, None)
 }
 
 fn all_logits(model: &impl CausalLm, tokens: &[u32]) -> Vec<Vec<f32>> {
@@ -100,8 +105,13 @@ fn all_logits(model: &impl CausalLm, tokens: &[u32]) -> Vec<Vec<f32>> {
 }
 
 fn check(quant: Quant, bound: f64) -> usize {
+    check_on(quant, bound, Backend::cpu())
+}
+
+fn check_on(quant: Quant, bound: f64, backend: Backend) -> usize {
     let e = expected();
-    let model = model_of(&fixture(), Some(quant));
+    let target = backend.target;
+    let model = model_on(&fixture(), Some(quant), backend);
     let bank = &model.weights.layers[0]
         .moe
         .as_ref()
@@ -114,8 +124,7 @@ fn check(quant: Quant, bound: f64) -> usize {
     );
     let (rel, max) = deviation(&all_logits(&model, &e.tokens), &e.logits);
     eprintln!(
-        "{:?} on tiny-gemma4-moe-f32: logits rel L2 {rel:.3e} (bound {bound:.0e}), max abs {max:.3e}",
-        quant
+        "{quant:?} on tiny-gemma4-moe-f32 ({target}): logits rel L2 {rel:.3e} (bound {bound:.0e}), max abs {max:.3e}"
     );
     assert!(
         rel <= bound,
@@ -173,6 +182,37 @@ fn q8_0_logits_stay_within_the_formats_bound() {
 #[test]
 fn q4_0_logits_stay_within_the_formats_bound() {
     check(Quant::Q4, 0.8);
+}
+
+/// The wgpu variants (blocks dequantized exactly, f32 activations never rounded) carry the
+/// weights' own error only, so the same bounds hold; each MoE block and the head must have run
+/// a quantized variant on wgpu, not fallen back.
+#[test]
+fn quantized_logits_on_wgpu_stay_within_the_formats_bounds() {
+    for (quant, bound) in [(Quant::Q8, 0.17), (Quant::Q4, 0.8)] {
+        check_on(quant, bound, Backend::wgpu());
+        let model = model_on(&fixture(), Some(quant), Backend::wgpu());
+        let mut trace = vec![];
+        model
+            .forward(&[2, 5, 7], &mut Cache::default(), Head::Last, &mut trace)
+            .unwrap();
+        let quantized: Vec<_> = trace
+            .iter()
+            .filter(|t| t.what == "moe" || t.what == "lm_head")
+            .collect();
+        assert!(
+            !quantized.is_empty(),
+            "{quant:?}: no MoE or head in the trace"
+        );
+        for t in quantized {
+            assert!(
+                t.fallback.is_none()
+                    && t.choice.target == moek_kernels::ir::Target::Wgpu
+                    && t.choice.dtype.is_quantized(),
+                "{quant:?}: {t:?}"
+            );
+        }
+    }
 }
 
 /// A scratch directory removed when dropped.
