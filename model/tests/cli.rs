@@ -197,11 +197,14 @@ fn check_names_what_a_cpu_driver_ran_and_prints_its_wall_time() {
     ]);
     assert!(ok, "{out}{err}");
     let cut = "run at T=1 H=2816 V=32768, not the spec's T=1 H=2816 V=262144";
+    // The plain head (f16, bf16, f32) and the quantized one (q8_0, q4_0) on wgpu.
+    let wgpu_rows = out.lines().filter(|l| l.contains(" [wgpu] ")).count();
+    assert_eq!(wgpu_rows, 5, "{out}");
     // Mesa's CPU drivers (CI's lavapipe) run the head at fewer rows and say so; a GPU runs it whole.
     let cpu_driver = out.contains("llvmpipe") || out.contains("lavapipe");
     assert_eq!(
         out.matches(cut).count(),
-        if cpu_driver { 3 } else { 0 },
+        if cpu_driver { wgpu_rows } else { 0 },
         "{out}"
     );
     assert!(
