@@ -14,7 +14,7 @@
 //! The activation's rounding is the only rounding beyond f32 sums: each value moves by at most
 //! half a step, `amax / 254` of its block (docs/numerics.md).
 
-use crate::element::{Element, f16_to_f32};
+use crate::element::Element;
 use crate::isa::{Isa, isa};
 use moek_ir::quant::{BLOCK, BlockQ4_0, BlockQ8_0, Packed, Quantized};
 use std::cell::RefCell;
@@ -119,8 +119,22 @@ plain_weight!(half::f16, half::bf16, f32);
 
 /// A quantized block format with its row products on each level.
 pub trait QuantBlock: Quantized + Copy + Send + Sync + 'static {
-    /// `sum_b scale(w[b]) * xd[b] * (w[b] . xq[b])`, blocks in order.
-    fn dot_portable(w: &[Self], xd: &[f32], xq: &[i8]) -> f32;
+    /// Value `i` of the block in steps of its scale (Q8_0: the byte; Q4_0: the nibble less 8).
+    fn step(&self, i: usize) -> i32;
+
+    /// `sum_b scale(w[b]) * xd[b] * (w[b] . xq[b])`, blocks in order, in plain integer loops.
+    fn dot_portable(w: &[Self], xd: &[f32], xq: &[i8]) -> f32 {
+        let mut sum = 0f32;
+        for ((b, &d), q) in w.iter().zip(xd).zip(xq.chunks_exact(BLOCK)) {
+            let dot: i32 = q
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| b.step(i) * i32::from(x))
+                .sum();
+            sum += b.scale() * d * dot as f32;
+        }
+        sum
+    }
     /// On AVX2, `sum over segs (in order) of row[seg] . x[seg]`, the segments in blocks, each
     /// reduced to one number (8 lanes by a fixed tree) before it is added; prefetches `ahead`
     /// bytes on.
@@ -134,17 +148,8 @@ pub trait QuantBlock: Quantized + Copy + Send + Sync + 'static {
 }
 
 impl QuantBlock for BlockQ8_0 {
-    fn dot_portable(w: &[Self], xd: &[f32], xq: &[i8]) -> f32 {
-        let mut sum = 0f32;
-        for ((b, &d), q) in w.iter().zip(xd).zip(xq.chunks_exact(BLOCK)) {
-            let dot: i32 =
-                b.qs.iter()
-                    .zip(q)
-                    .map(|(&w, &x)| i32::from(w) * i32::from(x))
-                    .sum();
-            sum += f16_to_f32(b.d) * d * dot as f32;
-        }
-        sum
+    fn step(&self, i: usize) -> i32 {
+        i32::from(self.qs[i])
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -160,15 +165,8 @@ impl QuantBlock for BlockQ8_0 {
 }
 
 impl QuantBlock for BlockQ4_0 {
-    fn dot_portable(w: &[Self], xd: &[f32], xq: &[i8]) -> f32 {
-        let mut sum = 0f32;
-        for ((b, &d), q) in w.iter().zip(xd).zip(xq.chunks_exact(BLOCK)) {
-            let dot: i32 = (0..BLOCK)
-                .map(|i| (i32::from(b.nibble(i)) - 8) * i32::from(q[i]))
-                .sum();
-            sum += f16_to_f32(b.d) * d * dot as f32;
-        }
-        sum
+    fn step(&self, i: usize) -> i32 {
+        i32::from(self.nibble(i)) - 8
     }
 
     #[cfg(target_arch = "x86_64")]
