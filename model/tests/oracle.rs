@@ -22,6 +22,8 @@ use moek_model::generate::{Sampling, generate};
 use moek_model::ops::Float;
 use std::path::PathBuf;
 
+mod common;
+
 struct Expected {
     tokens: Vec<u32>,
     logits: Vec<Vec<f32>>,
@@ -30,35 +32,12 @@ struct Expected {
 }
 
 fn fixture(name: &str) -> (PathBuf, Expected) {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures")
-        .join(name);
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
-    let list = |k: &str| -> Vec<serde_json::Value> { v[k].as_array().unwrap().clone() };
+    let (dir, v) = common::fixture(name);
     let e = Expected {
-        tokens: list("tokens")
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect(),
-        logits: list("logits")
-            .iter()
-            .map(|r| {
-                r.as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.as_f64().unwrap() as f32)
-                    .collect()
-            })
-            .collect(),
-        greedy: list("greedy")
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect(),
-        margins: list("margins")
-            .iter()
-            .map(|x| x.as_f64().unwrap() as f32)
-            .collect(),
+        tokens: common::ids(&v["tokens"]),
+        logits: common::rows(&v["logits"]),
+        greedy: common::ids(&v["greedy"]),
+        margins: common::floats(&v["margins"]),
     };
     (dir, e)
 }

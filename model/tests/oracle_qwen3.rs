@@ -21,37 +21,9 @@ use moek_model::ops::Float;
 use moek_model::qwen3::config::Config;
 use moek_model::qwen3::model::Model;
 use moek_model::qwen3::weights;
-use std::path::PathBuf;
+mod common;
 
-fn fixture(name: &str) -> (PathBuf, serde_json::Value) {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures")
-        .join(name);
-    let v = serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap());
-    (dir, v.unwrap())
-}
-
-fn rows(v: &serde_json::Value) -> Vec<Vec<f32>> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            r.as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap() as f32)
-                .collect()
-        })
-        .collect()
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
+use common::{fixture, ids, rows};
 
 fn rel_l2(got: &[Vec<f32>], want: &[Vec<f32>]) -> f64 {
     let (mut num, mut den) = (0f64, 0f64);

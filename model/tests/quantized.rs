@@ -23,8 +23,10 @@ use moek_model::generate::{Sampling, generate};
 use moek_model::quantized::{Quant, Stored};
 use std::path::{Path, PathBuf};
 
+mod common;
+
 fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-gemma4-moe-f32")
+    common::fixture("tiny-gemma4-moe-f32").0
 }
 
 struct Expected {
@@ -42,31 +44,15 @@ struct Stream {
 }
 
 fn expected() -> Expected {
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture().join("expected.json")).unwrap())
-            .unwrap();
-    let ints = |k: &str| -> Vec<u32> {
-        v[k].as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
-    let floats = |x: &serde_json::Value| -> Vec<f32> {
-        x.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap() as f32)
-            .collect()
-    };
+    let (_, v) = common::fixture("tiny-gemma4-moe-f32");
     let stream = |prefix: &str, tokens: &str| Stream {
-        tokens: ints(tokens),
-        greedy: ints(&format!("{prefix}greedy")),
-        margins: floats(&v[format!("{prefix}margins")]),
+        tokens: common::ids(&v[tokens]),
+        greedy: common::ids(&v[format!("{prefix}greedy")]),
+        margins: common::floats(&v[format!("{prefix}margins")]),
     };
     Expected {
-        tokens: ints("tokens"),
-        logits: v["logits"].as_array().unwrap().iter().map(floats).collect(),
+        tokens: common::ids(&v["tokens"]),
+        logits: common::rows(&v["logits"]),
         streams: vec![stream("", "tokens"), stream("prompt_", "prompt_ids")],
     }
 }
@@ -366,28 +352,8 @@ fn quantize_at_load_runs_the_quantized_variants() {
 #[test]
 fn qwen3_quantized_at_load_stays_within_the_formats_bound() {
     use moek_model::qwen3;
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-qwen3-moe-f32");
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
-    let tokens: Vec<u32> = v["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
-    let want: Vec<Vec<f32>> = v["logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            r.as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap() as f32)
-                .collect()
-        })
-        .collect();
+    let (dir, v) = common::fixture("tiny-qwen3-moe-f32");
+    let (tokens, want) = (common::ids(&v["tokens"]), common::rows(&v["logits"]));
     let cfg = qwen3::config::Config::load(&dir).unwrap();
     let ck = Checkpoint::open(&dir).unwrap();
     let w = qwen3::weights::load_quantized::<f32>(
