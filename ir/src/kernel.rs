@@ -206,6 +206,12 @@ pub enum DType {
     /// Weights in llama.cpp's Q4_0 blocks ([`crate::quant`]), activations in f32.
     #[serde(rename = "q4_0")]
     Q4_0,
+    /// Weights in Q8_0 blocks, activations in bf16.
+    #[serde(rename = "q8_0_bf16")]
+    Q8_0Bf16,
+    /// Weights in Q4_0 blocks, activations in bf16.
+    #[serde(rename = "q4_0_bf16")]
+    Q4_0Bf16,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -444,7 +450,15 @@ macro_rules! names {
 
 names!(Op { GateUp => "gate_up", Down => "down", ExpertFfn => "expert_ffn", DenseMlp => "dense_mlp", LmHeadRow => "lm_head_row" });
 names!(DimName { T => "T", R => "R", E => "E", H => "H", F => "F", V => "V" });
-names!(DType { F16 => "f16", Bf16 => "bf16", F32 => "f32", Q8_0 => "q8_0", Q4_0 => "q4_0" });
+names!(DType {
+    F16 => "f16",
+    Bf16 => "bf16",
+    F32 => "f32",
+    Q8_0 => "q8_0",
+    Q4_0 => "q4_0",
+    Q8_0Bf16 => "q8_0_bf16",
+    Q4_0Bf16 => "q4_0_bf16",
+});
 names!(Target { Cpu => "cpu", Wgpu => "wgpu", Spyre => "spyre" });
 names!(Capability {
     IndexedSelectionLayout => "indexed_selection_layout",
@@ -536,29 +550,52 @@ impl DType {
         match self {
             DType::F16 | DType::Bf16 => 2,
             DType::F32 => 4,
-            DType::Q8_0 | DType::Q4_0 => unreachable!("{self} stores blocks, not elements"),
+            d => unreachable!("{d} stores blocks, not elements"),
         }
     }
 
     /// Whether weights of this dtype are stored in quantized blocks.
     pub fn is_quantized(self) -> bool {
-        matches!(self, DType::Q8_0 | DType::Q4_0)
+        self.block_format().is_some()
     }
 
-    /// Bytes one block of a quantized dtype takes (scale included); `None` for the plain ones.
-    pub fn block_bytes(self) -> Option<usize> {
+    /// The block format a quantized dtype stores its weights in (`Q8_0` or `Q4_0`, whatever its
+    /// activations); `None` for the plain dtypes.
+    pub fn block_format(self) -> Option<DType> {
         match self {
-            DType::Q8_0 => Some(std::mem::size_of::<crate::quant::BlockQ8_0>()),
-            DType::Q4_0 => Some(std::mem::size_of::<crate::quant::BlockQ4_0>()),
+            DType::Q8_0 | DType::Q8_0Bf16 => Some(DType::Q8_0),
+            DType::Q4_0 | DType::Q4_0Bf16 => Some(DType::Q4_0),
+            DType::F16 | DType::Bf16 | DType::F32 => None,
+        }
+    }
+
+    /// The quantized dtype of blocks `format` (`Q8_0` or `Q4_0`) beside activations `act`
+    /// (`F32` or `Bf16`); `None` for other pairs.
+    pub const fn quantized(format: DType, act: DType) -> Option<DType> {
+        match (format, act) {
+            (DType::Q8_0, DType::F32) => Some(DType::Q8_0),
+            (DType::Q4_0, DType::F32) => Some(DType::Q4_0),
+            (DType::Q8_0, DType::Bf16) => Some(DType::Q8_0Bf16),
+            (DType::Q4_0, DType::Bf16) => Some(DType::Q4_0Bf16),
             _ => None,
         }
     }
 
-    /// The dtype activations are in: f32 beside quantized weights, else the dtype itself.
+    /// Bytes one block of a quantized dtype takes (scale included); `None` for the plain ones.
+    pub fn block_bytes(self) -> Option<usize> {
+        match self.block_format()? {
+            DType::Q8_0 => Some(std::mem::size_of::<crate::quant::BlockQ8_0>()),
+            _ => Some(std::mem::size_of::<crate::quant::BlockQ4_0>()),
+        }
+    }
+
+    /// The dtype activations are in: f32 or bf16 beside quantized weights (as the dtype says),
+    /// else the dtype itself.
     pub fn activation(self) -> DType {
-        match self.is_quantized() {
-            true => DType::F32,
-            false => self,
+        match self {
+            DType::Q8_0 | DType::Q4_0 => DType::F32,
+            DType::Q8_0Bf16 | DType::Q4_0Bf16 => DType::Bf16,
+            d => d,
         }
     }
 }

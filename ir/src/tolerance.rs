@@ -37,7 +37,8 @@ pub fn unit_roundoff(d: DType) -> f64 {
         DType::Bf16 => 2f64.powi(-8),
         // Beside quantized weights, an activation quantized to i8 per block: half a step is
         // 1/254 of the block's largest magnitude.
-        DType::Q8_0 | DType::Q4_0 => 1.0 / 254.0,
+        // bf16 activations are exact in f32, so they round no further.
+        DType::Q8_0 | DType::Q4_0 | DType::Q8_0Bf16 | DType::Q4_0Bf16 => 1.0 / 254.0,
     }
 }
 
@@ -58,7 +59,9 @@ pub fn tolerance(dtype: DType) -> Tolerance {
         // blocks whose largest value is 2-3x their RMS, in each of the two phases (measured:
         // docs/numerics.md). Limits 4 u in relative L2 and 16 u of the largest output in max
         // abs; a wrong block's scale or a swapped nibble moves outputs by O(1) of their scale.
-        DType::Q8_0 | DType::Q4_0 => Tolerance {
+        // The same for f32 and bf16 activations: the reference reads the same values (a bf16
+        // is exact in f32) and the variants keep their intermediates in f32.
+        d if d.is_quantized() => Tolerance {
             rel_l2: 4.0 * unit_roundoff(dtype),
             max_abs: 16.0 * unit_roundoff(dtype),
         },

@@ -3,7 +3,7 @@
 //! how it binds inputs and runs a variant), and [`run`], the one place a target picks its runtime.
 
 use crate::dispatch::Backend;
-use crate::elem::{Elem, QuantElem};
+use crate::elem::{Elem, QuantAct, QuantElem, quantized_dtype};
 use crate::inputs::Inputs;
 use crate::registry::KernelEntry;
 use moek_ir::reference::Shape;
@@ -344,36 +344,36 @@ pub fn run<W: Elem>(
     }
 }
 
-/// Runs `entry`'s variant for weights in blocks of `Q` (beside f32 activations): the CPU's
+/// Runs `entry`'s variant for weights in blocks of `Q` beside activations in `A`: the CPU's
 /// generated function or the wgpu program (the checker refuses quantized dtypes on Spyre).
-pub fn run_quantized<Q: QuantElem>(
+pub fn run_quantized<Q: QuantElem, A: QuantAct>(
     backend: &Backend,
     entry: &KernelEntry,
     shape: &Shape,
-    inputs: &Inputs<'_, Q, f32>,
+    inputs: &Inputs<'_, Q, A>,
     out: &mut [f32],
 ) -> Result<Ran, String> {
     same_optional_tensors(entry, inputs)?;
+    let dtype = quantized_dtype::<Q, A>();
     let missing = || {
         format!(
-            "`{}` has no {} variant for {} in this build",
+            "`{}` has no {} variant for {dtype} in this build",
             entry.name(),
             backend.target,
-            Q::DTYPE
         )
     };
-    if !entry.ir().dtypes.contains(&Q::DTYPE) || !entry.ir().targets.contains(&backend.target) {
+    if !entry.ir().dtypes.contains(&dtype) || !entry.ir().targets.contains(&backend.target) {
         return Err(missing());
     }
     match backend.target {
         Target::Cpu => {
-            let f = Q::cpu_fn(&entry.cpu).ok_or_else(missing)?;
+            let f = A::quant_fn(Q::cpu_fns(&entry.cpu)).ok_or_else(missing)?;
             Ok(Ran {
                 argmax: f(shape, inputs, out),
                 ..Ran::default()
             })
         }
-        Target::Wgpu => Wgpu::run_stored(backend, entry, Q::DTYPE, shape, inputs, out),
+        Target::Wgpu => Wgpu::run_stored(backend, entry, dtype, shape, inputs, out),
         Target::Spyre => Err(missing()),
     }
 }

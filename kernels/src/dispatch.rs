@@ -6,7 +6,7 @@
 //! error returned before anything is computed or written.
 
 use crate::backend;
-use crate::elem::{Elem, QuantElem};
+use crate::elem::{Elem, QuantAct, QuantElem, quantized_dtype};
 use crate::inputs::{InputError, Inputs};
 use crate::registry::KernelEntry;
 use moek_ir::quant::Packed;
@@ -450,13 +450,13 @@ pub fn run_task<W: Elem>(
     Ok((choice, ran))
 }
 
-/// [`run_task`] for weights in blocks of `Q` beside f32 activations (the quantized dtypes).
-pub fn run_quantized<Q: QuantElem>(
+/// [`run_task`] for weights in blocks of `Q` beside activations in `A` (the quantized dtypes).
+pub fn run_quantized<Q: QuantElem, A: QuantAct>(
     entries: &[KernelEntry],
     backend: &Backend,
     task: Task,
     shape: &Shape,
-    inputs: &Inputs<'_, Q, f32>,
+    inputs: &Inputs<'_, Q, A>,
     out: &mut [f32],
     requested: Option<&str>,
 ) -> Result<(Choice, backend::Ran), DispatchError> {
@@ -464,7 +464,7 @@ pub fn run_quantized<Q: QuantElem>(
         entries,
         backend,
         task,
-        Q::DTYPE,
+        quantized_dtype::<Q, A>(),
         shape,
         inputs,
         out,

@@ -1,7 +1,8 @@
 //! The storage dtypes kernels run on, tied to their IR names and function tables: the plain
-//! ones ([`Elem`]) and the block-quantized weights ([`QuantElem`]).
+//! ones ([`Elem`]), the block-quantized weights ([`QuantElem`]) and the activations beside them
+//! ([`QuantAct`]).
 
-use crate::registry::{CpuFn, CpuFns};
+use crate::registry::{CpuFn, CpuFns, QuantFns};
 use half::{bf16, f16};
 use moek_ir::DType;
 use moek_ir::quant::{BlockQ4_0, BlockQ8_0, Packed, Quantized};
@@ -58,20 +59,46 @@ impl Elem for f32 {
     }
 }
 
-/// A block-quantized weight format ([`moek_ir::quant`]) with its slot in a spec's function
-/// table; its variants take f32 activations.
+/// A block-quantized weight format ([`moek_ir::quant`]) with its CPU variants in a spec's
+/// function table.
 pub trait QuantElem: Quantized + Packed {
-    fn cpu_fn(fns: &CpuFns) -> Option<CpuFn<Self, f32>>;
+    fn cpu_fns(fns: &CpuFns) -> &QuantFns<Self>;
 }
 
 impl QuantElem for BlockQ8_0 {
-    fn cpu_fn(fns: &CpuFns) -> Option<CpuFn<Self, f32>> {
-        fns.q8_0
+    fn cpu_fns(fns: &CpuFns) -> &QuantFns<Self> {
+        &fns.q8_0
     }
 }
 
 impl QuantElem for BlockQ4_0 {
-    fn cpu_fn(fns: &CpuFns) -> Option<CpuFn<Self, f32>> {
-        fns.q4_0
+    fn cpu_fns(fns: &CpuFns) -> &QuantFns<Self> {
+        &fns.q4_0
+    }
+}
+
+/// An activation dtype beside quantized weights (f32 or bf16), with its slot in a block
+/// format's table.
+pub trait QuantAct: Elem {
+    fn quant_fn<Q>(fns: &QuantFns<Q>) -> Option<CpuFn<Q, Self>>;
+}
+
+impl QuantAct for f32 {
+    fn quant_fn<Q>(fns: &QuantFns<Q>) -> Option<CpuFn<Q, Self>> {
+        fns.f32
+    }
+}
+
+impl QuantAct for bf16 {
+    fn quant_fn<Q>(fns: &QuantFns<Q>) -> Option<CpuFn<Q, Self>> {
+        fns.bf16
+    }
+}
+
+/// The spec dtype of weights in blocks of `Q` beside activations in `A`.
+pub const fn quantized_dtype<Q: QuantElem, A: QuantAct>() -> DType {
+    match DType::quantized(Q::DTYPE, A::DTYPE) {
+        Some(d) => d,
+        None => panic!("every block format pairs with f32 and bf16"),
     }
 }

@@ -25,12 +25,12 @@ pub mod testing;
 pub mod wgpu;
 
 pub use dispatch::{Backend, Choice, DispatchError, Ineligible};
-pub use elem::{Elem, QuantElem};
+pub use elem::{Elem, QuantAct, QuantElem};
 pub use inputs::{InputError, Inputs};
 pub use moek_dsl_macros::kernel;
 pub use moek_ir as ir;
 pub use moek_ir::reference::Shape;
-pub use registry::{CpuFn, CpuFns, KernelEntry};
+pub use registry::{CpuFn, CpuFns, KernelEntry, QuantFns};
 
 /// What generated code names; not a public API.
 #[doc(hidden)]
@@ -40,7 +40,7 @@ pub mod __private {
     pub use rayon;
 
     pub use crate::inputs::Inputs;
-    pub use crate::registry::{CpuFns, KernelEntry};
+    pub use crate::registry::{CpuFns, KernelEntry, QuantFns};
     pub use crate::testing;
     pub use half;
     pub use moek_ir as ir;

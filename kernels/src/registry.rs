@@ -16,10 +16,24 @@ pub struct CpuFns {
     pub f16: Option<CpuFn<f16>>,
     pub bf16: Option<CpuFn<bf16>>,
     pub f32: Option<CpuFn<f32>>,
-    /// Q8_0 weights beside f32 activations.
-    pub q8_0: Option<CpuFn<BlockQ8_0, f32>>,
-    /// Q4_0 weights beside f32 activations.
-    pub q4_0: Option<CpuFn<BlockQ4_0, f32>>,
+    /// Q8_0 weights beside f32 or bf16 activations.
+    pub q8_0: QuantFns<BlockQ8_0>,
+    /// Q4_0 weights beside f32 or bf16 activations.
+    pub q4_0: QuantFns<BlockQ4_0>,
+}
+
+/// The CPU variants for weights in blocks of `Q`, one per activation dtype.
+#[derive(Clone, Copy, Debug)]
+pub struct QuantFns<Q: 'static> {
+    pub f32: Option<CpuFn<Q, f32>>,
+    pub bf16: Option<CpuFn<Q, bf16>>,
+}
+
+impl<Q> QuantFns<Q> {
+    pub const NONE: QuantFns<Q> = QuantFns {
+        f32: None,
+        bf16: None,
+    };
 }
 
 impl CpuFns {
@@ -27,8 +41,8 @@ impl CpuFns {
         f16: None,
         bf16: None,
         f32: None,
-        q8_0: None,
-        q4_0: None,
+        q8_0: QuantFns::NONE,
+        q4_0: QuantFns::NONE,
     };
 }
 

@@ -206,14 +206,14 @@ kernel! {
         cores:      R = 8;
     }
 
-    /// The blocked expert FFN with Q8_0 or Q4_0 expert weights (f32 activations) at the
+    /// The blocked expert FFN with Q8_0 or Q4_0 expert weights (f32 or bf16 activations) at the
     /// 26B-A4B's H and F, any E and T: the blocked decode schedule (H in 4 x 704, down in
     /// 1024/1024/768 columns, eight route owners), each product on the CPU an integer dot over
     /// 32-value blocks, on wgpu the blocks dequantized exactly. 704 is 22 blocks, so every
     /// reduction block is whole blocks.
     pub expert_ffn_blocked_quantized = expert_ffn {
         dims:            T, R = 8, E, H = 2816, F = 704;
-        dtypes:          q8_0, q4_0;
+        dtypes:          q8_0, q4_0, q8_0_bf16, q4_0_bf16;
         targets:         cpu, wgpu;
         select:          gather E by R;
         reduce:          H = 704 x 4;
@@ -227,7 +227,7 @@ kernel! {
     /// blocks of 32.
     pub general_expert_ffn_gather_quantized = expert_ffn {
         dims:       T, R, E, H, F;
-        dtypes:     q8_0, q4_0;
+        dtypes:     q8_0, q4_0, q8_0_bf16, q4_0_bf16;
         targets:    cpu, wgpu;
         select:     gather E by R;
         cores:      R = 8;
@@ -236,7 +236,7 @@ kernel! {
     /// The general quantized expert FFN with SiLU experts (Qwen3-MoE, Mixtral, DeepSeek).
     pub general_expert_ffn_gather_quantized_silu = expert_ffn {
         dims:       T, R, E, H, F;
-        dtypes:     q8_0, q4_0;
+        dtypes:     q8_0, q4_0, q8_0_bf16, q4_0_bf16;
         targets:    cpu, wgpu;
         activation: silu;
         select:     gather E by R;
@@ -336,11 +336,11 @@ kernel! {
         cores:   V = 32;
     }
 
-    /// The LM head row over an embedding in Q8_0 or Q4_0 blocks (f32 hidden row): 32
+    /// The LM head row over an embedding in Q8_0 or Q4_0 blocks (f32 or bf16 hidden row): 32
     /// vocabulary slices, each row on the CPU an integer dot over 32-value blocks.
     pub general_lm_head_row_quantized = lm_head_row {
         dims:    T, H, V;
-        dtypes:  q8_0, q4_0;
+        dtypes:  q8_0, q4_0, q8_0_bf16, q4_0_bf16;
         targets: cpu, wgpu;
         cores:   V = 32;
     }

@@ -9,7 +9,7 @@
 
 pub use crate::backend::Modeled;
 use crate::backend::{self, Ran};
-use crate::elem::{Elem, QuantElem};
+use crate::elem::{Elem, QuantAct, QuantElem};
 use crate::inputs::{Inputs, output_len};
 use crate::registry::KernelEntry;
 use half::{bf16, f16};
@@ -287,11 +287,15 @@ pub fn run_seeds(
     seeds: &[u64],
 ) -> Vec<Report> {
     let ran = match dtype {
-        DType::F16 => run_drawn::<Case<f16>>(entry, target, shape, seeds),
-        DType::Bf16 => run_drawn::<Case<bf16>>(entry, target, shape, seeds),
-        DType::F32 => run_drawn::<Case<f32>>(entry, target, shape, seeds),
-        DType::Q8_0 => run_drawn::<QuantCase<BlockQ8_0>>(entry, target, shape, seeds),
-        DType::Q4_0 => run_drawn::<QuantCase<BlockQ4_0>>(entry, target, shape, seeds),
+        DType::F16 => run_drawn::<Case<f16>>(entry, target, dtype, shape, seeds),
+        DType::Bf16 => run_drawn::<Case<bf16>>(entry, target, dtype, shape, seeds),
+        DType::F32 => run_drawn::<Case<f32>>(entry, target, dtype, shape, seeds),
+        DType::Q8_0 | DType::Q8_0Bf16 => {
+            run_drawn::<QuantCase<BlockQ8_0>>(entry, target, dtype, shape, seeds)
+        }
+        DType::Q4_0 | DType::Q4_0Bf16 => {
+            run_drawn::<QuantCase<BlockQ4_0>>(entry, target, dtype, shape, seeds)
+        }
     };
     ran.unwrap_or_else(|e| panic!("{e}"))
 }
@@ -300,11 +304,12 @@ pub fn run_seeds(
 fn run_drawn<C: Drawn>(
     entry: &KernelEntry,
     target: Target,
+    dtype: DType,
     shape: &Shape,
     seeds: &[u64],
 ) -> Result<Vec<Report>, String> {
     let mut case = C::draw(entry.ir().op, *shape, seeds[0]);
-    run_case(entry, target, &mut case, seeds)
+    run_case(entry, target, dtype, &mut case, seeds)
 }
 
 /// Cases kept between runs, so that every backend and every spec of one op and shape run on
@@ -340,11 +345,16 @@ impl Cases {
         seed: u64,
     ) -> Result<Report, String> {
         match dtype {
-            DType::F16 => self.run_typed::<Case<f16>>(entry, target, shape, seed),
-            DType::Bf16 => self.run_typed::<Case<bf16>>(entry, target, shape, seed),
-            DType::F32 => self.run_typed::<Case<f32>>(entry, target, shape, seed),
-            DType::Q8_0 => self.run_typed::<QuantCase<BlockQ8_0>>(entry, target, shape, seed),
-            DType::Q4_0 => self.run_typed::<QuantCase<BlockQ4_0>>(entry, target, shape, seed),
+            DType::F16 => self.run_typed::<Case<f16>>(entry, target, dtype, shape, seed),
+            DType::Bf16 => self.run_typed::<Case<bf16>>(entry, target, dtype, shape, seed),
+            DType::F32 => self.run_typed::<Case<f32>>(entry, target, dtype, shape, seed),
+            // One case per block format: its f32 and bf16 activations hold the same values.
+            DType::Q8_0 | DType::Q8_0Bf16 => {
+                self.run_typed::<QuantCase<BlockQ8_0>>(entry, target, dtype, shape, seed)
+            }
+            DType::Q4_0 | DType::Q4_0Bf16 => {
+                self.run_typed::<QuantCase<BlockQ4_0>>(entry, target, dtype, shape, seed)
+            }
         }
     }
 
@@ -352,6 +362,7 @@ impl Cases {
         &mut self,
         entry: &KernelEntry,
         target: Target,
+        dtype: DType,
         shape: &Shape,
         seed: u64,
     ) -> Result<Report, String> {
@@ -371,15 +382,17 @@ impl Cases {
             .1
             .downcast_mut::<C>()
             .expect("the key names the dtype");
-        run_case(entry, target, case, &[seed]).map(|mut r| r.remove(0))
+        run_case(entry, target, dtype, case, &[seed]).map(|mut r| r.remove(0))
     }
 }
 
-/// Runs `entry` on `case` once per seed (activations and routes redrawn from each); a backend
-/// that fails to run it (a device error, a program the simulator refuses) is an `Err`.
+/// Runs `entry`'s `dtype` variant on `case` once per seed (activations and routes redrawn from
+/// each); a backend that fails to run it (a device error, a program the simulator refuses) is an
+/// `Err`.
 fn run_case<C: Drawn>(
     entry: &KernelEntry,
     target: Target,
+    dtype: DType,
     case: &mut C,
     seeds: &[u64],
 ) -> Result<Vec<Report>, String> {
@@ -395,7 +408,7 @@ fn run_case<C: Drawn>(
             let on = crate::Backend::of(target);
             let Ran {
                 argmax, modeled, ..
-            } = case.run(&on, entry, &mut out)?;
+            } = case.run(&on, entry, dtype, &mut out)?;
             let seconds = start.elapsed().as_secs_f64();
             let (deviation, argmax_ok) = case.compare(k.activation, &out, argmax, seed);
             // A GPU variant is also held to the CPU variant of the same spec, element by element,
@@ -408,11 +421,11 @@ fn run_case<C: Drawn>(
             Ok(Report {
                 kernel: k.name.clone(),
                 target,
-                dtype: C::DTYPE,
+                dtype,
                 shape: crate::inputs::describe(k.op, shape),
                 seed,
                 deviation,
-                tolerance: backend::tolerance_of(target, C::DTYPE),
+                tolerance: backend::tolerance_of(target, dtype),
                 seconds,
                 bytes,
                 flops,
@@ -425,16 +438,23 @@ fn run_case<C: Drawn>(
         .collect()
 }
 
-/// A drawn case as one dtype's variants read it: what the harness needs of it.
+/// A drawn case as one dtype's variants read it (for quantized weights, one block format's
+/// variants, beside either activation dtype): what the harness needs of it.
 pub trait Drawn {
+    /// The dtype the case is drawn for (what the kept cases are keyed by).
     const DTYPE: DType;
     fn draw(op: Op, s: Shape, seed: u64) -> Self;
     fn shape(&self) -> &Shape;
     /// Fresh activations and routes from `seed`, and the optional tensors `k` computes.
     fn reseed_for(&mut self, k: &Kernel, seed: u64);
-    /// Runs `entry`'s variant on these inputs (validated first).
-    fn run(&self, on: &crate::Backend, entry: &KernelEntry, out: &mut [f32])
-    -> Result<Ran, String>;
+    /// Runs `entry`'s `dtype` variant on these inputs (validated first).
+    fn run(
+        &self,
+        on: &crate::Backend,
+        entry: &KernelEntry,
+        dtype: DType,
+        out: &mut [f32],
+    ) -> Result<Ran, String>;
     /// Deviation from the reference on a sample of rows ([`Case::compare`]).
     fn compare(
         &self,
@@ -475,8 +495,10 @@ impl<W: Elem> Drawn for Case<W> {
         &self,
         on: &crate::Backend,
         entry: &KernelEntry,
+        dtype: DType,
         out: &mut [f32],
     ) -> Result<Ran, String> {
+        assert_eq!(dtype, W::DTYPE, "a case of {} runs that dtype", W::DTYPE);
         let inputs = self.inputs();
         inputs
             .validate(&self.shape, out.len())
@@ -510,7 +532,8 @@ impl<W: Elem> Drawn for Case<W> {
 /// A case for weights quantized to blocks of `Q`: drawn in bf16 (`drawn`: its activations and
 /// routes; its weights are dropped once the format's error is measured), its weights quantized
 /// (`blocks`), and the same case with the blocks' exact values as f32 weights (`exact`, what the
-/// reference reads; activations widened from `drawn`'s, routes shared).
+/// reference reads; activations widened from `drawn`'s, routes shared). A variant beside bf16
+/// activations reads `drawn`'s, one beside f32 activations `exact`'s: the same values.
 #[derive(Debug)]
 pub struct QuantCase<Q> {
     pub drawn: Case<bf16>,
@@ -588,13 +611,15 @@ impl<Q: QuantElem> QuantCase<Q> {
         self.exact.weights.clone_from(&self.drawn.weights);
     }
 
-    /// The inputs a quantized variant reads: the blocks, beside `exact`'s activations.
-    pub fn inputs(&self) -> Inputs<'_, Q, f32> {
+    /// The inputs a quantized variant reads: the blocks beside `x`, the case's activations in
+    /// f32 (`exact`'s) or bf16 (`drawn`'s), and `exact`'s routes (and, for `down`, its f32
+    /// activation).
+    pub fn inputs<'a, A>(&'a self, x: &'a [A]) -> Inputs<'a, Q, A> {
         let c = &self.exact;
         let p = |name| &self.blocks[param_index(c.op, name)][..];
         match c.op {
             Op::GateUp => Inputs::GateUp {
-                x: &c.x,
+                x,
                 idx: &c.idx,
                 gate_up: p("gate_up"),
             },
@@ -605,7 +630,7 @@ impl<Q: QuantElem> QuantCase<Q> {
                 down: p("down"),
             },
             Op::ExpertFfn => Inputs::ExpertFfn {
-                x: &c.x,
+                x,
                 idx: &c.idx,
                 weights: &c.weights,
                 gate_up: p("gate_up"),
@@ -613,12 +638,27 @@ impl<Q: QuantElem> QuantCase<Q> {
                 bias: Biases::default(),
             },
             Op::LmHeadRow => Inputs::LmHeadRow {
-                hidden: &c.x,
+                hidden: x,
                 emb: p("emb"),
                 softcap: c.softcap,
             },
             Op::DenseMlp => unreachable!("the checker keeps quantized weights off dense_mlp"),
         }
+    }
+
+    /// Runs `entry`'s variant for blocks of `Q` beside activations `x` (validated first).
+    fn run_beside<A: QuantAct>(
+        &self,
+        on: &crate::Backend,
+        entry: &KernelEntry,
+        x: &[A],
+        out: &mut [f32],
+    ) -> Result<Ran, String> {
+        let inputs = self.inputs(x);
+        inputs
+            .validate(self.shape(), out.len())
+            .expect("the harness builds well-formed inputs");
+        backend::run_quantized(on, entry, self.shape(), &inputs, out)
     }
 }
 
@@ -646,13 +686,20 @@ impl<Q: QuantElem> Drawn for QuantCase<Q> {
         &self,
         on: &crate::Backend,
         entry: &KernelEntry,
+        dtype: DType,
         out: &mut [f32],
     ) -> Result<Ran, String> {
-        let inputs = self.inputs();
-        inputs
-            .validate(self.shape(), out.len())
-            .expect("the harness builds well-formed inputs");
-        backend::run_quantized(on, entry, self.shape(), &inputs, out)
+        assert_eq!(
+            dtype.block_format(),
+            Some(Q::DTYPE),
+            "a case of {} runs that format",
+            Q::DTYPE
+        );
+        match dtype.activation() {
+            DType::F32 => self.run_beside(on, entry, &self.exact.x, out),
+            DType::Bf16 => self.run_beside(on, entry, &self.drawn.x, out),
+            d => unreachable!("no quantized dtype has {d} activations"),
+        }
     }
 
     fn compare(

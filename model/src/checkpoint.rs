@@ -513,7 +513,8 @@ fn quantization_of(path: &Path, map: &[u8]) -> Result<Option<DType>, LoadError> 
     else {
         return Ok(None);
     };
-    match DType::from_name(name).filter(|d| d.is_quantized()) {
+    // A block format (`q8_0`, `q4_0`), not a pairing with activations (`q8_0_bf16`).
+    match DType::from_name(name).filter(|d| d.block_format() == Some(*d)) {
         Some(d) => Ok(Some(d)),
         None => Err(LoadError::Format {
             path: path.to_path_buf(),

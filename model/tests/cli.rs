@@ -1,5 +1,6 @@
 //! The `moek` command as users run it.
 
+use moek_kernels::ir::Target;
 use std::process::Command;
 
 fn moek(args: &[&str]) -> (bool, String, String) {
@@ -197,9 +198,19 @@ fn check_names_what_a_cpu_driver_ran_and_prints_its_wall_time() {
     ]);
     assert!(ok, "{out}{err}");
     let cut = "run at T=1 H=2816 V=32768, not the spec's T=1 H=2816 V=262144";
-    // The plain head (f16, bf16, f32) and the quantized one (q8_0, q4_0) on wgpu.
+    // A row per dtype of the plain head and the quantized one on wgpu.
     let wgpu_rows = out.lines().filter(|l| l.contains(" [wgpu] ")).count();
-    assert_eq!(wgpu_rows, 5, "{out}");
+    let declared: usize = moek_kernels::specs::all()
+        .iter()
+        .map(|e| e.ir())
+        .filter(|k| k.name.contains("general_lm_head_row") && k.targets.contains(&Target::Wgpu))
+        .map(|k| k.dtypes.len())
+        .sum();
+    assert_eq!(wgpu_rows, declared, "{out}");
+    assert!(
+        declared >= 5,
+        "the plain and quantized heads declare {declared} dtypes"
+    );
     // Mesa's CPU drivers (CI's lavapipe) run the head at fewer rows and say so; a GPU runs it whole.
     let cpu_driver = out.contains("llvmpipe") || out.contains("lavapipe");
     assert_eq!(

@@ -50,7 +50,7 @@ pub fn run(require: &[String], filter: Option<&str>, full: bool) -> Result<ExitC
         }
     }
     println!(
-        "{:<44} {:<5} {:<31} {:<30} {:>10} {:>10} {:>9} {:>12}  ok",
+        "{:<44} {:<9} {:<31} {:<30} {:>10} {:>10} {:>9} {:>12}  ok",
         "kernel", "dtype", "shape", "dispatch chooses", "max abs", "rel L2", "ms", "rate"
     );
     let mut failed = 0;
@@ -74,7 +74,7 @@ pub fn run(require: &[String], filter: Option<&str>, full: bool) -> Result<ExitC
             for &dtype in &k.dtypes {
                 if backend.target == Target::Wgpu && adapter.is_err() {
                     println!(
-                        "{:<44} {:<5} {:<31} no adapter: not run",
+                        "{:<44} {:<9} {:<31} no adapter: not run",
                         format!("{} [wgpu]", k.name),
                         dtype.to_string(),
                         moek_kernels::inputs::describe(k.op, &shape),
@@ -98,7 +98,7 @@ pub fn run(require: &[String], filter: Option<&str>, full: bool) -> Result<ExitC
                         // a numerical failure; any other backend's refusal is a bug here.
                         let device = backend.target == Target::Wgpu;
                         println!(
-                            "{:<44} {:<5} {:<31} {}: {why}",
+                            "{:<44} {:<9} {:<31} {}: {why}",
                             format!("{} [{}]", k.name, backend.target),
                             dtype.to_string(),
                             moek_kernels::inputs::describe(k.op, &shape),
@@ -236,7 +236,7 @@ fn print_row(r: &Report, chosen: &str) {
     };
     let kernel = format!("{} [{}]", r.kernel, r.target);
     println!(
-        "{:<44} {:<5} {:<31} {:<30} {:>10.3e} {:>10.3e} {:>9.2} {:>12}  {}",
+        "{:<44} {:<9} {:<31} {:<30} {:>10.3e} {:>10.3e} {:>9.2} {:>12}  {}",
         kernel,
         r.dtype.to_string(),
         r.shape,

@@ -6,7 +6,7 @@ kernel! {
     /// reference on the weights it reads (for q8_0, the blocks' exact values).
     pub my_experts = expert_ffn {
         dims:    T, R, E, H = 256, F = 96;
-        dtypes:  bf16, q8_0, q4_0;
+        dtypes:  bf16, q8_0, q4_0, q4_0_bf16;
         targets: cpu;
         select:  gather E by R;
         reduce:  H = 128 x 2;
@@ -15,7 +15,7 @@ kernel! {
 }
 
 fn main() {
-    for dtype in [DType::Bf16, DType::Q8_0, DType::Q4_0] {
+    for dtype in [DType::Bf16, DType::Q8_0, DType::Q4_0, DType::Q4_0Bf16] {
         moek_kernels::testing::check_spec(&my_experts::entry(), Target::Cpu, dtype);
     }
 }

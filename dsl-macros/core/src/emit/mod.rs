@@ -59,29 +59,27 @@ fn cpu_fns(k: &Kernel) -> TokenStream {
         return quote!(::moek_kernels::__private::CpuFns::NONE);
     }
     let apart = cpu::reads_weights_apart(k);
-    let slot = |d: moek_ir::DType, ty: TokenStream| {
-        let act = match d.is_quantized() {
-            true => quote!(f32),
-            false => ty.clone(),
-        };
-        match (k.dtypes.contains(&d), apart) {
+    let slot =
+        |d: moek_ir::DType, w: TokenStream, a: TokenStream| match (k.dtypes.contains(&d), apart) {
             (false, _) => quote!(None),
-            (true, true) => quote!(Some(cpu::<#ty, #act>)),
-            (true, false) => quote!(Some(cpu::<#ty>)),
-        }
-    };
+            (true, true) => quote!(Some(cpu::<#w, #a>)),
+            (true, false) => quote!(Some(cpu::<#w>)),
+        };
+    let half = quote!(::moek_kernels::__private::half);
     let q = quote!(::moek_kernels::__private::ir::quant);
-    let f16 = slot(
-        moek_ir::DType::F16,
-        quote!(::moek_kernels::__private::half::f16),
-    );
-    let bf16 = slot(
-        moek_ir::DType::Bf16,
-        quote!(::moek_kernels::__private::half::bf16),
-    );
-    let f32 = slot(moek_ir::DType::F32, quote!(f32));
-    let q8_0 = slot(moek_ir::DType::Q8_0, quote!(#q::BlockQ8_0));
-    let q4_0 = slot(moek_ir::DType::Q4_0, quote!(#q::BlockQ4_0));
+    let plain = |d, ty: TokenStream| slot(d, ty.clone(), ty);
+    let f16 = plain(moek_ir::DType::F16, quote!(#half::f16));
+    let bf16 = plain(moek_ir::DType::Bf16, quote!(#half::bf16));
+    let f32 = plain(moek_ir::DType::F32, quote!(f32));
+    // One table per block format: its variants beside f32 and beside bf16 activations.
+    let quant = |format: moek_ir::DType, ty: TokenStream| {
+        let of = |act| moek_ir::DType::quantized(format, act).expect("a block format");
+        let f32 = slot(of(moek_ir::DType::F32), ty.clone(), quote!(f32));
+        let bf16 = slot(of(moek_ir::DType::Bf16), ty, quote!(#half::bf16));
+        quote!(::moek_kernels::__private::QuantFns { f32: #f32, bf16: #bf16 })
+    };
+    let q8_0 = quant(moek_ir::DType::Q8_0, quote!(#q::BlockQ8_0));
+    let q4_0 = quant(moek_ir::DType::Q4_0, quote!(#q::BlockQ4_0));
     quote! {
         ::moek_kernels::__private::cpu_fns!(::moek_kernels::__private::CpuFns {
             f16: #f16, bf16: #bf16, f32: #f32, q8_0: #q8_0, q4_0: #q4_0,

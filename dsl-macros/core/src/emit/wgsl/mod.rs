@@ -89,7 +89,10 @@ struct Emitter<'k> {
 /// (weights of a quantized variant) in the dtype's blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Store {
+    /// Elements of the spec's (plain) dtype.
     Dtype,
+    /// Activations beside quantized weights: elements of the dtype's activation dtype.
+    Activation,
     F32,
     U32,
     Blocks,
@@ -169,6 +172,9 @@ impl<'k> Emitter<'k> {
             (DType::F16, _) => "f16 from packed u32 pairs (unpack2x16float)",
             (DType::Q8_0 | DType::Q4_0, _) => {
                 "weights in blocks read from u32 words and dequantized exactly, f32 activations"
+            }
+            (DType::Q8_0Bf16 | DType::Q4_0Bf16, _) => {
+                "weights in blocks read from u32 words and dequantized exactly, bf16 activations from packed u32 pairs"
             }
         };
         let mut src = String::new();

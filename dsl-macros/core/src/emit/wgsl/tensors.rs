@@ -18,8 +18,8 @@ impl Emitter<'_> {
             };
             let quantized = self.dtype.is_quantized();
             let store = match t.class {
-                // Beside quantized weights, activations are f32.
-                ElemClass::Activation if quantized => Store::F32,
+                // Beside quantized weights, activations are f32 or bf16, as the dtype says.
+                ElemClass::Activation if quantized => Store::Activation,
                 ElemClass::Weight if quantized => Store::Blocks,
                 ElemClass::Activation | ElemClass::Weight => Store::Dtype,
                 ElemClass::F32 => Store::F32,
@@ -36,7 +36,7 @@ impl Emitter<'_> {
             if bias && self.tensors.last().is_some_and(|p| p.chunks > 1) {
                 return Err(WgslError::Whole {
                     tensor: t.name.to_string(),
-                    bytes: (t.len(&self.s) * self.dtype.bytes()) as u64,
+                    bytes: (t.len(&self.s) * self.dtype.activation().bytes()) as u64,
                     limit: self.dev.binding_limit,
                 });
             }
@@ -56,6 +56,7 @@ impl Emitter<'_> {
     ) -> Result<(), WgslError> {
         let (elem_bytes, values_per_elem) = match store {
             Store::Dtype => (self.dtype.bytes(), 1),
+            Store::Activation => (self.dtype.activation().bytes(), 1),
             Store::F32 | Store::U32 => (4, 1),
             Store::Blocks => (
                 self.dtype
@@ -152,6 +153,12 @@ impl Emitter<'_> {
         out
     }
 
+    /// Whether this program's 16-bit tensors hold bf16 (the plain dtype, or the activations
+    /// beside quantized weights), read by shifting into an f32's high half.
+    fn bf16_halves(&self) -> bool {
+        self.dtype.activation() == DType::Bf16
+    }
+
     /// The WGSL element type a tensor is declared with.
     pub(super) fn storage_elem(&self, t: &TensorPlan) -> &'static str {
         match t.elem_bytes {
@@ -178,7 +185,7 @@ impl Emitter<'_> {
                 }
                 let body = match (t.elem_bytes, self.storage_elem(t)) {
                     (2, "f16") => format!("return f32({var}[i]);"),
-                    (2, _) if self.dtype == DType::Bf16 => format!(
+                    (2, _) if self.bf16_halves() => format!(
                         "let w = {var}[i >> 1u];\n    \
                          return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (i & 1u) == 1u));"
                     ),
@@ -189,7 +196,7 @@ impl Emitter<'_> {
                 // Elements i and i + 1, i even: one 32-bit load for 16-bit storage.
                 let pair = match (t.elem_bytes, self.storage_elem(t)) {
                     (2, "f16") => format!("return vec2<f32>(f32({var}[i]), f32({var}[i + 1u]));"),
-                    (2, _) if self.dtype == DType::Bf16 => format!(
+                    (2, _) if self.bf16_halves() => format!(
                         "let w = {var}[i >> 1u];\n    \
                          return vec2<f32>(bitcast<f32>(w << 16u), bitcast<f32>(w & 0xffff0000u));"
                     ),
@@ -211,7 +218,11 @@ impl Emitter<'_> {
     /// `ld2_VAR(i)` values `i` and `i + 1`.
     fn block_loaders(&self, var: &str, t: &TensorPlan) -> String {
         let bytes = t.elem_bytes;
-        let value = match self.dtype {
+        let value = match self
+            .dtype
+            .block_format()
+            .expect("blocks of a quantized dtype")
+        {
             DType::Q8_0 => {
                 "let q = bitcast<i32>(byte_VAR(o + 2u + j) << 24u) >> 24u;\n    \
                             return d * f32(q);"
