@@ -116,15 +116,17 @@ pub fn seeds_within_budget(k: &Kernel, shape: &Shape) -> usize {
 }
 
 /// The smaller problem a wgpu run of `shape` takes on a CPU driver (Mesa's lavapipe or
-/// llvmpipe): prefill at 32 tokens and 16 experts, the LM head at 32768 vocabulary rows. There,
-/// the dense persistent loop over 128 experts and 512 tokens takes three minutes a run (still
-/// 25-50 s at 8 tokens: each of the 32 token groups reads every expert's weights) and the
-/// 262144-row head 13-21 s; cut, the same programs (every loop trip's steps, core split, route
-/// list and column block) take seconds. Decode shapes keep their size; `None` on a GPU, for
-/// other targets, or where nothing is cut.
+/// llvmpipe): prefill at 32 tokens, expert banks at 16 experts, the LM head at 32768 vocabulary
+/// rows. There, the dense persistent loop over 128 experts and 512 tokens takes three minutes a
+/// run (still 25-50 s at 8 tokens: each of the 32 token groups reads every expert's weights), the
+/// 262144-row head 13-21 s, and a decode step over a 128-expert bank 5-15 s, nearly all of it
+/// copying the bank (1.5-3 GB) into the driver's buffers: the 8 routed experts it reads are the
+/// same work at 16. Cut, the same programs (every loop trip's steps, core split, route list,
+/// column block and weight chunk switch) take a second or two. `None` on a GPU, for other
+/// targets, or where nothing is cut.
 pub fn cpu_driver_shape(target: Target, shape: &Shape) -> Option<Shape> {
     const PREFILL_T: usize = 32;
-    const PREFILL_E: usize = 16;
+    const BANK_E: usize = 16;
     const HEAD_V: usize = 32768;
     #[cfg(feature = "wgpu")]
     let cpu_driver = target == Target::Wgpu && crate::wgpu::Gpu::shared().is_ok_and(|g| g.is_cpu());
@@ -134,10 +136,9 @@ pub fn cpu_driver_shape(target: Target, shape: &Shape) -> Option<Shape> {
         false
     };
     let mut cut = *shape;
-    if cut.t > PREFILL_T {
-        cut.t = PREFILL_T;
-        cut.e = cut.e.min(PREFILL_E);
-    }
+    cut.t = cut.t.min(PREFILL_T);
+    // Never below the routes a token takes (each of them a distinct expert).
+    cut.e = cut.e.min(BANK_E.max(cut.r));
     cut.v = cut.v.min(HEAD_V);
     (cpu_driver && cut != *shape).then_some(cut)
 }
@@ -314,10 +315,13 @@ fn run_drawn<C: Drawn>(
 
 /// Cases kept between runs, so that every backend and every spec of one op and shape run on
 /// the same weights instead of drawing their own (a 26B-A4B expert bank is 761 million numbers,
-/// seconds to draw). The most recent [`Cases::KEEP`] are kept: one per dtype of a spec.
+/// seconds to draw). The most recently used are kept while their weights fit
+/// [`Cases::BUDGET`]: a spec's dtypes at full size, beside the smaller cases its wgpu rows take
+/// on a CPU driver.
 #[derive(Default)]
 pub struct Cases {
-    kept: Vec<(CaseKey, Box<dyn std::any::Any>)>,
+    /// Most recently used first, with the weight bytes each holds.
+    kept: Vec<(CaseKey, usize, Box<dyn std::any::Any>)>,
 }
 
 type CaseKey = (Op, Shape, DType, u64);
@@ -325,13 +329,15 @@ type CaseKey = (Op, Shape, DType, u64);
 impl std::fmt::Debug for Cases {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list()
-            .entries(self.kept.iter().map(|(key, _)| key))
+            .entries(self.kept.iter().map(|(key, _, _)| key))
             .finish()
     }
 }
 
 impl Cases {
-    pub const KEEP: usize = 3;
+    /// Weight bytes the kept cases may hold together: three 26B-A4B expert banks in Q8_0 with
+    /// their f32 copies (3.8 GB each). The newest case is kept whatever its size.
+    pub const BUDGET: usize = 12_000_000_000;
 
     /// One run of `entry` on `target` at `shape`, on the kept case for (op, shape, dtype, seed)
     /// or a new one (weights, activations and routes all from `seed`); `Err` says why the
@@ -368,18 +374,25 @@ impl Cases {
     ) -> Result<Report, String> {
         let op = entry.ir().op;
         let key = (op, *shape, C::DTYPE, seed);
-        let kept: (CaseKey, Box<dyn std::any::Any>) =
-            match self.kept.iter().position(|(k, _)| *k == key) {
-                Some(at) => self.kept.remove(at),
-                None => {
-                    // Dropped before the new one is drawn: at most KEEP cases exist at once.
-                    self.kept.truncate(Self::KEEP - 1);
-                    (key, Box::new(C::draw(op, *shape, seed)))
+        let kept = match self.kept.iter().position(|(k, _, _)| *k == key) {
+            Some(at) => self.kept.remove(at),
+            None => {
+                // Dropped before the new one is drawn, least recently used first, so the kept
+                // cases and the new one stay within the budget.
+                let bytes = C::weight_bytes(op, shape);
+                let mut held: usize = self.kept.iter().map(|(_, b, _)| b).sum();
+                while held + bytes > Self::BUDGET
+                    && let Some((_, b, _)) = self.kept.pop()
+                {
+                    held -= b;
                 }
-            };
+                let case: Box<dyn std::any::Any> = Box::new(C::draw(op, *shape, seed));
+                (key, bytes, case)
+            }
+        };
         self.kept.insert(0, kept);
         let case = self.kept[0]
-            .1
+            .2
             .downcast_mut::<C>()
             .expect("the key names the dtype");
         run_case(entry, target, dtype, case, &[seed]).map(|mut r| r.remove(0))
@@ -444,6 +457,8 @@ pub trait Drawn {
     /// The dtype the case is drawn for (what the kept cases are keyed by).
     const DTYPE: DType;
     fn draw(op: Op, s: Shape, seed: u64) -> Self;
+    /// Bytes a case of `op` at `s` holds in weights (what [`Cases`] budgets).
+    fn weight_bytes(op: Op, s: &Shape) -> usize;
     fn shape(&self) -> &Shape;
     /// Fresh activations and routes from `seed`, and the optional tensors `k` computes.
     fn reseed_for(&mut self, k: &Kernel, seed: u64);
@@ -479,6 +494,10 @@ impl<W: Elem> Drawn for Case<W> {
 
     fn draw(op: Op, s: Shape, seed: u64) -> Self {
         Case::new(op, s, seed)
+    }
+
+    fn weight_bytes(op: Op, s: &Shape) -> usize {
+        weight_values(op, s) * std::mem::size_of::<W>()
     }
 
     fn shape(&self) -> &Shape {
@@ -667,6 +686,12 @@ impl<Q: QuantElem> Drawn for QuantCase<Q> {
 
     fn draw(op: Op, s: Shape, seed: u64) -> Self {
         QuantCase::new(op, s, seed)
+    }
+
+    /// The blocks and their f32 copy (the bf16 weights they were made from are dropped).
+    fn weight_bytes(op: Op, s: &Shape) -> usize {
+        let values = weight_values(op, s);
+        values * 4 + values / quant::BLOCK * std::mem::size_of::<Q>()
     }
 
     fn shape(&self) -> &Shape {
@@ -961,6 +986,11 @@ impl<W: Elem> Case<W> {
 /// The op's weight tensors, in table order.
 fn weight_defs(op: Op) -> impl Iterator<Item = &'static TensorDef> {
     op.tensors().iter().filter(|t| t.role == TensorRole::Weight)
+}
+
+/// Values in the weight tensors of `op` at `s`.
+fn weight_values(op: Op, s: &Shape) -> usize {
+    weight_defs(op).map(|t| t.len(s)).sum()
 }
 
 fn param_index(op: Op, name: &str) -> usize {
