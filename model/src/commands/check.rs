@@ -6,8 +6,8 @@
 //!
 //! Every backend and every spec of one op and shape run on the same random case (drawing a
 //! 26B-A4B expert bank takes seconds). On a CPU wgpu driver (lavapipe), wgpu rows run at
-//! smaller sizes (16-expert banks, 32-token prefill, a 32768-row head) (`testing::cpu_driver_shape`) and say so; `--full` runs every row
-//! at the spec's size.
+//! smaller sizes (16-expert banks, 32-token prefill, a 32768-row head:
+//! `testing::cpu_driver_shape`) and say so; `--full` runs every row at the spec's size.
 
 use super::CommandError;
 use moek_kernels::dispatch::{self, Backend};

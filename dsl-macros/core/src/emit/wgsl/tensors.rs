@@ -36,7 +36,7 @@ impl Emitter<'_> {
             if bias && self.tensors.last().is_some_and(|p| p.chunks > 1) {
                 return Err(WgslError::Whole {
                     tensor: t.name.to_string(),
-                    bytes: (t.len(&self.s) * self.dtype.activation().bytes()) as u64,
+                    bytes: (t.len(&self.s) * self.dtype.bytes()) as u64,
                     limit: self.dev.binding_limit,
                 });
             }
