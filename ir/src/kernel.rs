@@ -33,6 +33,19 @@ pub struct Kernel {
     /// JSON.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub output_gate: bool,
+    /// Values per block of quantized weights (`quant_block`; one of
+    /// [`crate::quant::BLOCK_SIZES`], dividing every dim a weight row runs along): 32 unless a
+    /// spec declares another, and then left out of the JSON.
+    #[serde(default = "default_block", skip_serializing_if = "is_default_block")]
+    pub quant_block: usize,
+}
+
+fn default_block() -> usize {
+    crate::quant::BLOCK
+}
+
+fn is_default_block(b: &usize) -> bool {
+    *b == crate::quant::BLOCK
 }
 
 /// Which per-expert biases a routed expert FFN adds: `gate_up_bias [E, 2F]` (gate first) to the
@@ -382,6 +395,9 @@ impl Kernel {
         if self.output_gate {
             parts.push("output_gate sigmoid".into());
         }
+        if self.quant_block != crate::quant::BLOCK {
+            parts.push(format!("quant_block {}", self.quant_block));
+        }
         for b in &s.reduce {
             parts.push(format!("reduce {}", b));
         }
@@ -545,7 +561,7 @@ impl Op {
 
 impl DType {
     /// Bytes per element in device memory, for the plain dtypes (a quantized weight's storage is
-    /// [`DType::block_bytes`] per block of [`crate::quant::BLOCK`]).
+    /// [`DType::block_bytes`] per block).
     pub fn bytes(self) -> usize {
         match self {
             DType::F16 | DType::Bf16 => 2,
@@ -581,11 +597,12 @@ impl DType {
         }
     }
 
-    /// Bytes one block of a quantized dtype takes (scale included); `None` for the plain ones.
-    pub fn block_bytes(self) -> Option<usize> {
+    /// Bytes one block of `block` values takes in a quantized dtype (its f16 scale included);
+    /// `None` for the plain ones.
+    pub fn block_bytes(self, block: usize) -> Option<usize> {
         match self.block_format()? {
-            DType::Q8_0 => Some(std::mem::size_of::<crate::quant::BlockQ8_0>()),
-            _ => Some(std::mem::size_of::<crate::quant::BlockQ4_0>()),
+            DType::Q8_0 => Some(2 + block),
+            _ => Some(2 + block / 2),
         }
     }
 

@@ -1,12 +1,19 @@
 //! Block-quantized weight formats: what a stored block is, how f32 values become one, and the
 //! exact values it stands for.
 //!
-//! Both formats are llama.cpp's: 32 consecutive values of a row share one f16 scale `d`.
-//! - Q8_0 (34 bytes a block, 8.5 bits a weight): `value = d * q`, `q` an i8 in -127..=127,
-//!   `d = amax / 127`.
-//! - Q4_0 (18 bytes a block, 4.5 bits a weight): `value = d * (q - 8)`, `q` a nibble in 0..=15;
-//!   `d = m / -8` with `m` the value of largest magnitude (its sign kept, so that value maps to
-//!   nibble 0 exactly); byte `j` holds value `j` in its low nibble and value `j + 16` in its high.
+//! Both formats are llama.cpp's, with the block size a spec declares (`quant_block`, 32 by
+//! default, as llama.cpp's): the values of a block share one f16 scale `d`.
+//! - Q8_0 (2 + B bytes a block of B; 8.5 bits a weight at B = 32, 8.125 at 256): `value = d * q`,
+//!   `q` an i8 in -127..=127, `d = amax / 127`.
+//! - Q4_0 (2 + B/2 bytes; 4.5 bits a weight at B = 32, 4.125 at 256): `value = d * (q - 8)`, `q`
+//!   a nibble in 0..=15; `d = m / -8` with `m` the value of largest magnitude (its sign kept, so
+//!   that value maps to nibble 0 exactly).
+//!
+//! A block of B values is B / 32 *groups* of 32 after its scale, each group laid out as a whole
+//! llama.cpp block's values are (Q4_0: byte `j` of a group holds value `j` in its low nibble and
+//! `j + 16` in its high): the kernels read a group at a time and quantize activations per group,
+//! so a larger block only shares a scale among more groups. Block sizes are whole groups from
+//! [`BLOCK_SIZES`]; each is a type (`BlockQ8<G>`, `G` groups) the kernels are compiled for.
 //!
 //! A block's values are exact in f32 (an f16 scale has 11 significant bits, `q` at most 8), so the
 //! f64 reference of a quantized variant is the reference of these dequantized weights, with no
@@ -15,31 +22,63 @@
 use crate::DType;
 use half::f16;
 
-/// Values in one block of either format.
-pub const BLOCK: usize = 32;
+/// Values in one group: what the kernels read at a time, the unit activations are quantized in,
+/// and the default block size (llama.cpp's).
+pub const GROUP: usize = 32;
 
-/// One Q8_0 block: an f16 scale (as its bits) and 32 signed bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The default block size: one group.
+pub const BLOCK: usize = GROUP;
+
+/// The block sizes a spec may declare: 1, 2, 4 or 8 groups under one scale. Each is compiled
+/// into the kernels and their tables, so the list is short; powers of two so a block always
+/// divides a dim that a larger one does.
+pub const BLOCK_SIZES: [usize; 4] = [GROUP, 2 * GROUP, 4 * GROUP, 8 * GROUP];
+
+/// One Q8 block of `G` groups: an f16 scale (as its bits) and `32 G` signed bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
-pub struct BlockQ8_0 {
+pub struct BlockQ8<const G: usize = 1> {
     pub d: u16,
-    pub qs: [i8; BLOCK],
+    pub qs: [[i8; GROUP]; G],
 }
 
-/// One Q4_0 block: an f16 scale (as its bits) and 32 nibbles in 16 bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// One Q4 block of `G` groups: an f16 scale (as its bits) and `32 G` nibbles, 16 bytes a group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C)]
-pub struct BlockQ4_0 {
+pub struct BlockQ4<const G: usize = 1> {
     pub d: u16,
-    pub qs: [u8; BLOCK / 2],
+    pub qs: [[u8; GROUP / 2]; G],
 }
 
-// SAFETY: both are `repr(C)` over u16 and byte arrays, sized 34 and 18 with alignment 2: no
-// padding, and every bit pattern is a valid block.
-unsafe impl bytemuck::Zeroable for BlockQ8_0 {}
-unsafe impl bytemuck::Pod for BlockQ8_0 {}
-unsafe impl bytemuck::Zeroable for BlockQ4_0 {}
-unsafe impl bytemuck::Pod for BlockQ4_0 {}
+/// llama.cpp's Q8_0: one group a block.
+pub type BlockQ8_0 = BlockQ8<1>;
+/// llama.cpp's Q4_0: one group a block.
+pub type BlockQ4_0 = BlockQ4<1>;
+
+impl<const G: usize> Default for BlockQ8<G> {
+    fn default() -> Self {
+        BlockQ8 {
+            d: 0,
+            qs: [[0; GROUP]; G],
+        }
+    }
+}
+
+impl<const G: usize> Default for BlockQ4<G> {
+    fn default() -> Self {
+        BlockQ4 {
+            d: 0,
+            qs: [[0; GROUP / 2]; G],
+        }
+    }
+}
+
+// SAFETY: both are `repr(C)` over a u16 and byte arrays, sized 2 + 32 G and 2 + 16 G with
+// alignment 2: no padding, and every bit pattern is a valid block.
+unsafe impl<const G: usize> bytemuck::Zeroable for BlockQ8<G> {}
+unsafe impl<const G: usize> bytemuck::Pod for BlockQ8<G> {}
+unsafe impl<const G: usize> bytemuck::Zeroable for BlockQ4<G> {}
+unsafe impl<const G: usize> bytemuck::Pod for BlockQ4<G> {}
 
 /// How many values one stored element of a weight tensor holds: one for the plain dtypes, a
 /// block for the quantized ones. Offsets into a weight tensor are counted in values and divided
@@ -57,60 +96,74 @@ impl Packed for half::bf16 {
 impl Packed for f32 {
     const VALUES: usize = 1;
 }
-impl Packed for BlockQ8_0 {
-    const VALUES: usize = BLOCK;
+impl<const G: usize> Packed for BlockQ8<G> {
+    const VALUES: usize = G * GROUP;
 }
-impl Packed for BlockQ4_0 {
-    const VALUES: usize = BLOCK;
+impl<const G: usize> Packed for BlockQ4<G> {
+    const VALUES: usize = G * GROUP;
 }
 
-/// A block-quantized weight format.
+/// A block-quantized weight format at one block size ([`Packed::VALUES`] values a block).
 pub trait Quantized: Packed + Default + Send + Sync + PartialEq + std::fmt::Debug {
-    /// The spec dtype that stores weights in this format.
+    /// The spec dtype that stores weights in this format (with f32 activations).
     const DTYPE: DType;
+    /// Groups of [`GROUP`] values a block holds.
+    const GROUPS: usize = Self::VALUES / GROUP;
     /// The block's scale.
     fn scale(&self) -> f32;
-    /// The block of `values` (exactly [`BLOCK`] of them).
+    /// Value `i` of group `g` in steps of the scale (Q8: the byte; Q4: the nibble less 8).
+    fn step(&self, g: usize, i: usize) -> i32;
+    /// The block of `values` (exactly [`Packed::VALUES`] of them).
     fn quantize(values: &[f32]) -> Self;
     /// The exact values the block stands for.
-    fn dequantize(&self, out: &mut [f32]);
+    fn dequantize(&self, out: &mut [f32]) {
+        let d = self.scale();
+        for (i, o) in out.iter_mut().enumerate().take(Self::VALUES) {
+            *o = d * self.step(i / GROUP, i % GROUP) as f32;
+        }
+    }
 }
 
-impl Quantized for BlockQ8_0 {
+impl<const G: usize> Quantized for BlockQ8<G> {
     const DTYPE: DType = DType::Q8_0;
 
     fn scale(&self) -> f32 {
         f16::from_bits(self.d).to_f32()
     }
 
+    fn step(&self, g: usize, i: usize) -> i32 {
+        i32::from(self.qs[g][i])
+    }
+
     fn quantize(values: &[f32]) -> Self {
-        assert_eq!(values.len(), BLOCK, "a Q8_0 block holds {BLOCK} values");
+        assert_eq!(
+            values.len(),
+            Self::VALUES,
+            "a Q8 block holds {} values",
+            Self::VALUES
+        );
         let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        let mut qs = [0i8; BLOCK];
-        for (q, &v) in qs.iter_mut().zip(values) {
-            *q = (v * id).round() as i8;
-        }
-        BlockQ8_0 {
+        let mut b = BlockQ8::<G> {
             d: f16::from_f32(d).to_bits(),
-            qs,
+            ..Default::default()
+        };
+        for (group, vs) in b.qs.iter_mut().zip(values.chunks_exact(GROUP)) {
+            for (q, &v) in group.iter_mut().zip(vs) {
+                *q = (v * id).round() as i8;
+            }
         }
-    }
-
-    fn dequantize(&self, out: &mut [f32]) {
-        let d = self.scale();
-        for (o, &q) in out.iter_mut().zip(&self.qs) {
-            *o = d * f32::from(q);
-        }
+        b
     }
 }
 
-impl BlockQ4_0 {
+impl<const G: usize> BlockQ4<G> {
     /// Value `i`'s nibble (0..=15; the value is `d * (nibble - 8)`).
     pub fn nibble(&self, i: usize) -> u8 {
-        let byte = self.qs[i % (BLOCK / 2)];
-        if i < BLOCK / 2 {
+        let (g, i) = (i / GROUP, i % GROUP);
+        let byte = self.qs[g][i % (GROUP / 2)];
+        if i < GROUP / 2 {
             byte & 0x0f
         } else {
             byte >> 4
@@ -118,54 +171,60 @@ impl BlockQ4_0 {
     }
 }
 
-impl Quantized for BlockQ4_0 {
+impl<const G: usize> Quantized for BlockQ4<G> {
     const DTYPE: DType = DType::Q4_0;
 
     fn scale(&self) -> f32 {
         f16::from_bits(self.d).to_f32()
     }
 
+    fn step(&self, g: usize, i: usize) -> i32 {
+        i32::from(self.nibble(g * GROUP + i)) - 8
+    }
+
     fn quantize(values: &[f32]) -> Self {
-        assert_eq!(values.len(), BLOCK, "a Q4_0 block holds {BLOCK} values");
+        assert_eq!(
+            values.len(),
+            Self::VALUES,
+            "a Q4 block holds {} values",
+            Self::VALUES
+        );
         let max = values
             .iter()
             .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
         let d = max / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         let q = |v: f32| ((v * id + 8.5) as i32).clamp(0, 15) as u8;
-        let mut qs = [0u8; BLOCK / 2];
-        for (j, b) in qs.iter_mut().enumerate() {
-            *b = q(values[j]) | (q(values[j + BLOCK / 2]) << 4);
-        }
-        BlockQ4_0 {
+        let mut b = BlockQ4::<G> {
             d: f16::from_f32(d).to_bits(),
-            qs,
+            ..Default::default()
+        };
+        const HALF: usize = GROUP / 2;
+        for (group, vs) in b.qs.iter_mut().zip(values.chunks_exact(GROUP)) {
+            for (j, byte) in group.iter_mut().enumerate() {
+                *byte = q(vs[j]) | (q(vs[j + HALF]) << 4);
+            }
         }
-    }
-
-    fn dequantize(&self, out: &mut [f32]) {
-        let d = self.scale();
-        for (i, o) in out.iter_mut().enumerate().take(BLOCK) {
-            *o = d * (f32::from(self.nibble(i)) - 8.0);
-        }
+        b
     }
 }
 
 /// `values` (a whole number of blocks) in blocks of `Q`.
 pub fn quantize<Q: Quantized>(values: &[f32]) -> Vec<Q> {
     assert_eq!(
-        values.len() % BLOCK,
+        values.len() % Q::VALUES,
         0,
-        "{} values are not whole blocks of {BLOCK}",
-        values.len()
+        "{} values are not whole blocks of {}",
+        values.len(),
+        Q::VALUES
     );
-    values.chunks_exact(BLOCK).map(Q::quantize).collect()
+    values.chunks_exact(Q::VALUES).map(Q::quantize).collect()
 }
 
 /// The exact values of `blocks`.
 pub fn dequantize<Q: Quantized>(blocks: &[Q]) -> Vec<f32> {
-    let mut out = vec![0f32; blocks.len() * BLOCK];
-    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(BLOCK)) {
+    let mut out = vec![0f32; blocks.len() * Q::VALUES];
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(Q::VALUES)) {
         b.dequantize(o);
     }
     out
@@ -176,7 +235,11 @@ mod tests {
     use super::*;
 
     fn ramp(seed: u32) -> Vec<f32> {
-        (0..BLOCK as u32)
+        ramp_of(BLOCK, seed)
+    }
+
+    fn ramp_of(n: usize, seed: u32) -> Vec<f32> {
+        (0..n as u32)
             .map(|i| ((i * 37 + seed * 11) % 64) as f32 / 16.0 - 2.0)
             .collect()
     }
@@ -185,7 +248,7 @@ mod tests {
     /// range is -8..=7 steps, so a value of the other sign than the largest one can clip by one).
     fn within<Q: Quantized>(values: &[f32], steps: f32) {
         let b = Q::quantize(values);
-        let mut got = vec![0f32; BLOCK];
+        let mut got = vec![0f32; Q::VALUES];
         b.dequantize(&mut got);
         // The f16 scale rounds too: allow its relative 2^-11 on the largest value.
         let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -203,6 +266,34 @@ mod tests {
     fn blocks_are_their_documented_sizes() {
         assert_eq!(std::mem::size_of::<BlockQ8_0>(), 34);
         assert_eq!(std::mem::size_of::<BlockQ4_0>(), 18);
+        assert_eq!(std::mem::size_of::<BlockQ8<8>>(), 2 + 256);
+        assert_eq!(std::mem::size_of::<BlockQ4<8>>(), 2 + 128);
+    }
+
+    /// A block of several groups: one scale from the whole block, each group laid out as a
+    /// one-group block is (so a value's nibble is where llama.cpp's layout puts it in its group).
+    #[test]
+    fn larger_blocks_share_one_scale_and_keep_the_group_layout() {
+        let v = ramp_of(4 * GROUP, 5);
+        within::<BlockQ8<4>>(&v, 0.5);
+        within::<BlockQ4<4>>(&v, 1.0);
+        let mut big = v.clone();
+        big[3 * GROUP + 20] = 9.0;
+        let b = BlockQ4::<4>::quantize(&big);
+        assert_eq!(
+            b.nibble(3 * GROUP + 20),
+            0,
+            "the largest value maps to nibble 0"
+        );
+        assert_eq!(
+            b.qs[3][4] >> 4,
+            0,
+            "value 20 of group 3 is the high nibble of its byte 4"
+        );
+        let amax = big.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let q8 = BlockQ8::<4>::quantize(&big);
+        assert_eq!(q8.scale(), f16::from_f32(amax / 127.0).to_f32());
+        assert_eq!(q8.qs[3][20], 127);
     }
 
     #[test]

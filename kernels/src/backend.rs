@@ -365,9 +365,18 @@ pub fn run_quantized<Q: QuantElem, A: QuantAct>(
     if !entry.ir().dtypes.contains(&dtype) || !entry.ir().targets.contains(&backend.target) {
         return Err(missing());
     }
+    if entry.ir().quant_block != Q::VALUES {
+        return Err(format!(
+            "`{}` reads {dtype} weights in blocks of {} values, these are in blocks of {}",
+            entry.name(),
+            entry.ir().quant_block,
+            Q::VALUES
+        ));
+    }
     match backend.target {
         Target::Cpu => {
-            let f = A::quant_fn(Q::cpu_fns(&entry.cpu)).ok_or_else(missing)?;
+            let fns = Q::cpu_fns(&entry.cpu).ok_or_else(missing)?;
+            let f = A::quant_fn(fns).ok_or_else(missing)?;
             Ok(Ran {
                 argmax: f(shape, inputs, out),
                 ..Ran::default()

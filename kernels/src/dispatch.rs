@@ -106,6 +106,8 @@ pub enum Ineligible {
     NotCompiled { target: Target },
     #[error("has no {dtype} variant (dtypes: {supported})")]
     DType { dtype: DType, supported: String },
+    #[error("reads quantized weights in blocks of {spec} values, not {wanted}")]
+    QuantBlock { spec: usize, wanted: usize },
     #[error("serves {dim} in {range}, the problem has {dim}={got}")]
     Range {
         dim: moek_ir::DimName,
@@ -181,6 +183,9 @@ pub struct Task {
     pub bias: Bias,
     /// A dense MLP's sigmoid output gate (off by default), served only by a spec with one.
     pub output_gate: bool,
+    /// Values per block of quantized weights (32 by default): a quantized variant reads only
+    /// the block size its spec declares. Plain dtypes ignore it.
+    pub quant_block: usize,
 }
 
 impl Task {
@@ -191,6 +196,7 @@ impl Task {
             activation: k.activation,
             bias: k.bias,
             output_gate: k.output_gate,
+            quant_block: k.quant_block,
         }
     }
 }
@@ -202,6 +208,7 @@ impl From<Op> for Task {
             activation: Activation::default(),
             bias: Bias::default(),
             output_gate: false,
+            quant_block: moek_ir::quant::BLOCK,
         }
     }
 }
@@ -220,6 +227,7 @@ pub fn eligible(
         activation,
         bias,
         output_gate,
+        quant_block,
     } = task.into();
     if k.op != op {
         return Err(Ineligible::Op {
@@ -263,6 +271,12 @@ pub fn eligible(
             .collect::<Vec<_>>()
             .join(", ");
         return Err(Ineligible::DType { dtype, supported });
+    }
+    if dtype.is_quantized() && k.quant_block != quant_block {
+        return Err(Ineligible::QuantBlock {
+            spec: k.quant_block,
+            wanted: quant_block,
+        });
     }
     for d in &k.dims {
         let got = shape.dim(d.name);
@@ -498,6 +512,10 @@ fn prepare<'e, W: Packed, A: bytemuck::Pod>(
         task.output_gate,
         inputs.output_gate(),
         "a task names the output gate its inputs carry"
+    );
+    assert!(
+        !dtype.is_quantized() || task.quant_block == W::VALUES,
+        "a task names the block size its weights are stored in"
     );
     let choice = choose(entries, backend, task, dtype, shape, requested)?;
     inputs.validate(shape, out.len())?;

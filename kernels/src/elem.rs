@@ -5,7 +5,7 @@
 use crate::registry::{CpuFn, CpuFns, QuantFns};
 use half::{bf16, f16};
 use moek_ir::DType;
-use moek_ir::quant::{BlockQ4_0, BlockQ8_0, Packed, Quantized};
+use moek_ir::quant::{BlockQ4, BlockQ8, Packed, Quantized};
 use moek_ir::reference::Real;
 
 /// f16, bf16 or f32: a storage dtype with its IR name and its slot in a spec's function table.
@@ -59,21 +59,21 @@ impl Elem for f32 {
     }
 }
 
-/// A block-quantized weight format ([`moek_ir::quant`]) with its CPU variants in a spec's
-/// function table.
-pub trait QuantElem: Quantized + Packed {
-    fn cpu_fns(fns: &CpuFns) -> &QuantFns<Self>;
+/// A block-quantized weight format at one block size ([`moek_ir::quant`]) with its CPU variants
+/// in a spec's function table (none when the spec declares another block size).
+pub trait QuantElem: Quantized + Packed + 'static {
+    fn cpu_fns(fns: &CpuFns) -> Option<&'static QuantFns<Self>>;
 }
 
-impl QuantElem for BlockQ8_0 {
-    fn cpu_fns(fns: &CpuFns) -> &QuantFns<Self> {
-        &fns.q8_0
+impl<const G: usize> QuantElem for BlockQ8<G> {
+    fn cpu_fns(fns: &CpuFns) -> Option<&'static QuantFns<Self>> {
+        fns.q8_0.get()
     }
 }
 
-impl QuantElem for BlockQ4_0 {
-    fn cpu_fns(fns: &CpuFns) -> &QuantFns<Self> {
-        &fns.q4_0
+impl<const G: usize> QuantElem for BlockQ4<G> {
+    fn cpu_fns(fns: &CpuFns) -> Option<&'static QuantFns<Self>> {
+        fns.q4_0.get()
     }
 }
 
@@ -101,4 +101,54 @@ pub const fn quantized_dtype<Q: QuantElem, A: QuantAct>() -> DType {
         Some(d) => d,
         None => panic!("every block format pairs with f32 and bf16"),
     }
+}
+
+/// Runs `$body` with `$Q` the block type of quantized `$dtype` (either activation) at `$block`
+/// values a block, one of [`moek_ir::quant::BLOCK_SIZES`]: where a block size known at run time
+/// (a spec's) becomes the type the kernels are compiled for.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! with_block {
+    ($dtype:expr, $block:expr, |$Q:ident| $body:expr) => {{
+        use $crate::__private::ir::DType;
+        use $crate::__private::ir::quant::{BlockQ4, BlockQ8};
+        match ($dtype.block_format(), $block) {
+            (Some(DType::Q8_0), 32) => {
+                type $Q = BlockQ8<1>;
+                $body
+            }
+            (Some(DType::Q8_0), 64) => {
+                type $Q = BlockQ8<2>;
+                $body
+            }
+            (Some(DType::Q8_0), 128) => {
+                type $Q = BlockQ8<4>;
+                $body
+            }
+            (Some(DType::Q8_0), 256) => {
+                type $Q = BlockQ8<8>;
+                $body
+            }
+            (Some(DType::Q4_0), 32) => {
+                type $Q = BlockQ4<1>;
+                $body
+            }
+            (Some(DType::Q4_0), 64) => {
+                type $Q = BlockQ4<2>;
+                $body
+            }
+            (Some(DType::Q4_0), 128) => {
+                type $Q = BlockQ4<4>;
+                $body
+            }
+            (Some(DType::Q4_0), 256) => {
+                type $Q = BlockQ4<8>;
+                $body
+            }
+            (format, block) => unreachable!(
+                "no block type for {format:?} at {block} values (the checker allows {:?})",
+                $crate::__private::ir::quant::BLOCK_SIZES
+            ),
+        }
+    }};
 }

@@ -30,7 +30,7 @@ pub use inputs::{InputError, Inputs};
 pub use moek_dsl_macros::kernel;
 pub use moek_ir as ir;
 pub use moek_ir::reference::Shape;
-pub use registry::{CpuFn, CpuFns, KernelEntry, QuantFns};
+pub use registry::{BlockFns, CpuFn, CpuFns, KernelEntry, QuantFns};
 
 /// What generated code names; not a public API.
 #[doc(hidden)]
@@ -40,7 +40,7 @@ pub mod __private {
     pub use rayon;
 
     pub use crate::inputs::Inputs;
-    pub use crate::registry::{CpuFns, KernelEntry, QuantFns};
+    pub use crate::registry::{BlockFns, CpuFns, KernelEntry, QuantFns};
     pub use crate::testing;
     pub use half;
     pub use moek_ir as ir;

@@ -3,8 +3,9 @@
 use crate::inputs::Inputs;
 use half::{bf16, f16};
 use moek_ir::Kernel;
-use moek_ir::quant::{BlockQ4_0, BlockQ8_0};
 use moek_ir::reference::Shape;
+use std::any::Any;
+use std::fmt;
 
 /// A compiled CPU variant for one dtype: weights stored as `W`, activations in `A`. Returns the
 /// argmax for `lm_head_row`, `None` otherwise.
@@ -16,10 +17,39 @@ pub struct CpuFns {
     pub f16: Option<CpuFn<f16>>,
     pub bf16: Option<CpuFn<bf16>>,
     pub f32: Option<CpuFn<f32>>,
-    /// Q8_0 weights beside f32 or bf16 activations.
-    pub q8_0: QuantFns<BlockQ8_0>,
-    /// Q4_0 weights beside f32 or bf16 activations.
-    pub q4_0: QuantFns<BlockQ4_0>,
+    /// Q8_0 weights (at the spec's block size) beside f32 or bf16 activations.
+    pub q8_0: BlockFns,
+    /// Q4_0 weights (at the spec's block size) beside f32 or bf16 activations.
+    pub q4_0: BlockFns,
+}
+
+/// One block format's variants ([`QuantFns`]) at the block size the spec declares. A block size
+/// is a type (`BlockQ8<G>`), so the table holds them as `Any`, one table type for every size;
+/// [`BlockFns::get`] reads them back at the block type a caller's weights are stored in, and
+/// finds none for another size.
+#[derive(Clone, Copy)]
+pub struct BlockFns(Option<&'static (dyn Any + Send + Sync)>);
+
+impl BlockFns {
+    pub const NONE: BlockFns = BlockFns(None);
+
+    pub const fn new<Q: 'static>(fns: &'static QuantFns<Q>) -> Self {
+        BlockFns(Some(fns))
+    }
+
+    /// The variants for weights in blocks of `Q`, if the spec's block size is `Q`'s.
+    pub fn get<Q: 'static>(&self) -> Option<&'static QuantFns<Q>> {
+        self.0?.downcast_ref()
+    }
+}
+
+impl fmt::Debug for BlockFns {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(_) => f.write_str("BlockFns(..)"),
+            None => f.write_str("BlockFns::NONE"),
+        }
+    }
 }
 
 /// The CPU variants for weights in blocks of `Q`, one per activation dtype.
@@ -41,8 +71,8 @@ impl CpuFns {
         f16: None,
         bf16: None,
         f32: None,
-        q8_0: QuantFns::NONE,
-        q4_0: QuantFns::NONE,
+        q8_0: BlockFns::NONE,
+        q4_0: BlockFns::NONE,
     };
 }
 

@@ -223,6 +223,24 @@ kernel! {
         requires:        indexed_selection_layout;
     }
 
+    /// The blocked quantized expert FFN with a declared block size: 64 values under one f16
+    /// scale (Q8_0 8.25 bits a weight, Q4_0 4.25, against 8.5 and 4.5 at 32), the largest
+    /// block that divides the 26B-A4B's F = 704 (11 blocks; H = 2816 is 44). Each product on
+    /// the CPU is still an integer dot per group of 32, the two groups of a block sharing its
+    /// scale.
+    pub expert_ffn_blocked_quantized_b64 = expert_ffn {
+        dims:            T, R = 8, E, H = 2816, F = 704;
+        dtypes:          q8_0, q4_0;
+        targets:         cpu, wgpu;
+        quant_block:     64;
+        select:          gather E by R;
+        reduce:          H = 704 x 4;
+        columns:         H = [1024, 1024, 768];
+        cores(gate_up):  R = 8;
+        cores(down):     R = 8;
+        requires:        indexed_selection_layout;
+    }
+
     /// The general expert FFN for quantized expert weights, any size whose rows are whole
     /// blocks of 32.
     pub general_expert_ffn_gather_quantized = expert_ffn {
@@ -368,6 +386,7 @@ pub fn all() -> &'static [KernelEntry] {
             general_expert_ffn_grouped::entry(),
             general_expert_ffn_gather_silu::entry(),
             expert_ffn_blocked_quantized::entry(),
+            expert_ffn_blocked_quantized_b64::entry(),
             general_expert_ffn_gather_quantized::entry(),
             general_expert_ffn_gather_quantized_silu::entry(),
             general_expert_ffn_gather_swiglu::entry(),

@@ -13,7 +13,7 @@ use crate::elem::{Elem, QuantAct, QuantElem};
 use crate::inputs::{Inputs, output_len};
 use crate::registry::KernelEntry;
 use half::{bf16, f16};
-use moek_ir::quant::{self, BlockQ4_0, BlockQ8_0};
+use moek_ir::quant;
 use moek_ir::reference::{self, Biases, Shape};
 use moek_ir::tensors::{DOWN_BIAS, GATE_UP_BIAS, TensorDef, TensorRole};
 use moek_ir::tolerance::{Deviation, Tolerance};
@@ -154,7 +154,7 @@ pub fn admits(k: &Kernel, shape: &Shape) -> bool {
 /// rounded up to whole blocks where the spec has quantized weights, whose rows are blocks).
 pub fn shape_for(k: &Kernel, free: &Shape) -> Shape {
     let block = match k.dtypes.iter().any(|d| d.is_quantized()) {
-        true => quant::BLOCK,
+        true => k.quant_block,
         false => 1,
     };
     let pick = |d: DimName, dflt: usize| match k.dim(d) {
@@ -291,12 +291,9 @@ pub fn run_seeds(
         DType::F16 => run_drawn::<Case<f16>>(entry, target, dtype, shape, seeds),
         DType::Bf16 => run_drawn::<Case<bf16>>(entry, target, dtype, shape, seeds),
         DType::F32 => run_drawn::<Case<f32>>(entry, target, dtype, shape, seeds),
-        DType::Q8_0 | DType::Q8_0Bf16 => {
-            run_drawn::<QuantCase<BlockQ8_0>>(entry, target, dtype, shape, seeds)
-        }
-        DType::Q4_0 | DType::Q4_0Bf16 => {
-            run_drawn::<QuantCase<BlockQ4_0>>(entry, target, dtype, shape, seeds)
-        }
+        _ => crate::with_block!(dtype, entry.ir().quant_block, |Q| {
+            run_drawn::<QuantCase<Q>>(entry, target, dtype, shape, seeds)
+        }),
     };
     ran.unwrap_or_else(|e| panic!("{e}"))
 }
@@ -324,7 +321,8 @@ pub struct Cases {
     kept: Vec<(CaseKey, usize, Box<dyn std::any::Any>)>,
 }
 
-type CaseKey = (Op, Shape, DType, u64);
+/// Op, shape, dtype and values per stored weight (a quantized case's block size), seed.
+type CaseKey = (Op, Shape, DType, usize, u64);
 
 impl std::fmt::Debug for Cases {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -354,13 +352,11 @@ impl Cases {
             DType::F16 => self.run_typed::<Case<f16>>(entry, target, dtype, shape, seed),
             DType::Bf16 => self.run_typed::<Case<bf16>>(entry, target, dtype, shape, seed),
             DType::F32 => self.run_typed::<Case<f32>>(entry, target, dtype, shape, seed),
-            // One case per block format: its f32 and bf16 activations hold the same values.
-            DType::Q8_0 | DType::Q8_0Bf16 => {
-                self.run_typed::<QuantCase<BlockQ8_0>>(entry, target, dtype, shape, seed)
-            }
-            DType::Q4_0 | DType::Q4_0Bf16 => {
-                self.run_typed::<QuantCase<BlockQ4_0>>(entry, target, dtype, shape, seed)
-            }
+            // One case per block format and size: its f32 and bf16 activations hold the same
+            // values.
+            _ => crate::with_block!(dtype, entry.ir().quant_block, |Q| {
+                self.run_typed::<QuantCase<Q>>(entry, target, dtype, shape, seed)
+            }),
         }
     }
 
@@ -373,7 +369,7 @@ impl Cases {
         seed: u64,
     ) -> Result<Report, String> {
         let op = entry.ir().op;
-        let key = (op, *shape, C::DTYPE, seed);
+        let key = (op, *shape, C::DTYPE, C::VALUES, seed);
         let kept = match self.kept.iter().position(|(k, _, _)| *k == key) {
             Some(at) => self.kept.remove(at),
             None => {
@@ -454,8 +450,10 @@ fn run_case<C: Drawn>(
 /// A drawn case as one dtype's variants read it (for quantized weights, one block format's
 /// variants, beside either activation dtype): what the harness needs of it.
 pub trait Drawn {
-    /// The dtype the case is drawn for (what the kept cases are keyed by).
+    /// The dtype the case is drawn for (what the kept cases are keyed by, with the values a
+    /// stored weight holds).
     const DTYPE: DType;
+    const VALUES: usize;
     fn draw(op: Op, s: Shape, seed: u64) -> Self;
     /// Bytes a case of `op` at `s` holds in weights (what [`Cases`] budgets).
     fn weight_bytes(op: Op, s: &Shape) -> usize;
@@ -491,6 +489,7 @@ pub trait Drawn {
 
 impl<W: Elem> Drawn for Case<W> {
     const DTYPE: DType = W::DTYPE;
+    const VALUES: usize = 1;
 
     fn draw(op: Op, s: Shape, seed: u64) -> Self {
         Case::new(op, s, seed)
@@ -683,6 +682,7 @@ impl<Q: QuantElem> QuantCase<Q> {
 
 impl<Q: QuantElem> Drawn for QuantCase<Q> {
     const DTYPE: DType = Q::DTYPE;
+    const VALUES: usize = Q::VALUES;
 
     fn draw(op: Op, s: Shape, seed: u64) -> Self {
         QuantCase::new(op, s, seed)
@@ -691,7 +691,7 @@ impl<Q: QuantElem> Drawn for QuantCase<Q> {
     /// The blocks and their f32 copy (the bf16 weights they were made from are dropped).
     fn weight_bytes(op: Op, s: &Shape) -> usize {
         let values = weight_values(op, s);
-        values * 4 + values / quant::BLOCK * std::mem::size_of::<Q>()
+        values * 4 + values / Q::VALUES * std::mem::size_of::<Q>()
     }
 
     fn shape(&self) -> &Shape {
@@ -742,8 +742,8 @@ impl<Q: QuantElem> Drawn for QuantCase<Q> {
     }
 
     fn work(&self) -> (f64, f64) {
-        let bytes = Q::DTYPE.block_bytes().expect("a quantized dtype") as f64;
-        self.exact.work_at(bytes / quant::BLOCK as f64)
+        self.exact
+            .work_at(std::mem::size_of::<Q>() as f64 / Q::VALUES as f64)
     }
 
     /// The format's error, measured when the case was drawn (with the default activation: the
@@ -1020,18 +1020,19 @@ pub fn uniform<W: Elem>(len: usize, seed: u64, scale: f32) -> Vec<W> {
 /// in `W`): the blocks [`moek_ir::quant::quantize`] makes of `uniform::<W>(len, seed, scale)`.
 pub fn uniform_blocks<W: Elem, Q: QuantElem>(len: usize, seed: u64, scale: f32) -> Vec<Q> {
     assert!(
-        len.is_multiple_of(quant::BLOCK),
-        "{len} values are not whole blocks"
+        len.is_multiple_of(Q::VALUES),
+        "{len} values are not whole blocks of {}",
+        Q::VALUES
     );
     #[cfg(feature = "cpu")]
-    let mut v = moek_cpu::memory::huge_vec(len / quant::BLOCK);
+    let mut v = moek_cpu::memory::huge_vec(len / Q::VALUES);
     #[cfg(not(feature = "cpu"))]
-    let mut v = vec![Q::default(); len / quant::BLOCK];
-    v.par_chunks_mut(CHUNK / quant::BLOCK)
+    let mut v = vec![Q::default(); len / Q::VALUES];
+    v.par_chunks_mut(CHUNK / Q::VALUES)
         .enumerate()
         .for_each(|(i, c)| {
             let mut rng = chunk_rng(seed, i);
-            let mut values = [0f32; quant::BLOCK];
+            let mut values = vec![0f32; Q::VALUES];
             for b in c {
                 for x in &mut values {
                     *x = W::from_f32(rng.random_range(-scale..scale)).to_f32();

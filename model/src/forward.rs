@@ -391,6 +391,11 @@ fn task_of<W: moek_kernels::ir::quant::Packed, A: bytemuck::Pod>(
         activation,
         bias: inputs.bias(),
         output_gate: inputs.output_gate(),
+        // Plain weights (one value an element) leave the default, which they do not read.
+        quant_block: match W::VALUES {
+            1 => moek_kernels::ir::quant::BLOCK,
+            block => block,
+        },
     }
 }
 

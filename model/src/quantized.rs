@@ -125,7 +125,7 @@ pub fn resident_bytes(ck: &Checkpoint, quantize: Option<Quant>) -> usize {
     ck.sizes()
         .map(|(name, dtype, bytes)| match quantize {
             Some(q) if quantized_tensor(name) && dtype != safetensors::Dtype::U8 => {
-                let stored = q.dtype().block_bytes().expect("a quantized dtype") as f64;
+                let stored = q.dtype().block_bytes(BLOCK).expect("a quantized dtype") as f64;
                 let per_value = stored / BLOCK as f64;
                 (bytes as f64 / dtype.bitsize() as f64 * 8.0 * per_value) as usize
             }

@@ -61,6 +61,7 @@ fn the_activation_is_part_of_what_is_asked_for() {
         activation: Activation::Silu,
         bias: Default::default(),
         output_gate: false,
+        quant_block: moek_kernels::ir::quant::BLOCK,
     };
     let c = dispatch::choose(
         specs::all(),
@@ -483,6 +484,7 @@ fn an_activations_parameters_are_part_of_what_is_asked_for() {
         },
         bias: Default::default(),
         output_gate: false,
+        quant_block: moek_kernels::ir::quant::BLOCK,
     };
     let c = dispatch::choose(
         specs::all(),
@@ -521,6 +523,7 @@ fn qwen3_30b_a3b_takes_its_own_blocked_and_grouped_variants() {
         activation: Activation::Silu,
         bias: Default::default(),
         output_gate: false,
+        quant_block: moek_kernels::ir::quant::BLOCK,
     };
     let pick = |shape| {
         dispatch::choose(
@@ -553,6 +556,7 @@ fn biases_are_part_of_what_is_asked_for_and_a_spec_refuses_inputs_without_its_ow
         },
         bias: both,
         output_gate: false,
+        quant_block: moek_kernels::ir::quant::BLOCK,
     };
     let c = dispatch::choose(
         specs::all(),
@@ -620,6 +624,7 @@ fn an_output_gate_is_served_only_when_asked_for() {
         activation: Activation::Silu,
         bias: Default::default(),
         output_gate,
+        quant_block: moek_kernels::ir::quant::BLOCK,
     };
     let pick = |output_gate| {
         dispatch::choose(
@@ -673,4 +678,76 @@ fn dispatch_serves_each_specs_function_with_that_function() {
             c.kernel
         );
     }
+}
+
+/// A quantized variant serves only the block size its spec declares: Q8_0 weights in blocks of
+/// 32 pass over the 64-value spec, saying why, and an explicit request for it fails before
+/// anything is written; the same weights in blocks of 64 take it.
+#[test]
+fn quantized_variants_serve_only_their_declared_block_size() {
+    use moek_kernels::ir::quant::{BlockQ8, BlockQ8_0};
+    use moek_kernels::testing::QuantCase;
+    let shape = Shape {
+        t: 1,
+        r: 8,
+        e: 8,
+        h: 2816,
+        f: 704,
+        v: 0,
+    };
+    let wide = "expert_ffn_blocked_quantized_b64";
+    let of_block = |quant_block| dispatch::Task {
+        quant_block,
+        ..dispatch::Task::from(Op::ExpertFfn)
+    };
+
+    let q32 = QuantCase::<BlockQ8_0>::new(Op::ExpertFfn, shape, 3);
+    let inputs = q32.inputs(&q32.exact.x);
+    let mut out = vec![f32::NAN; 2816];
+    let run = |task, out: &mut [f32], requested| {
+        dispatch::run_quantized(
+            specs::all(),
+            &Backend::cpu(),
+            task,
+            &shape,
+            &inputs,
+            out,
+            requested,
+        )
+    };
+    let err = run(of_block(32), &mut out, Some(wide)).unwrap_err();
+    assert_eq!(
+        err,
+        DispatchError::Requested {
+            name: wide.into(),
+            reason: Ineligible::QuantBlock {
+                spec: 64,
+                wanted: 32
+            }
+        }
+    );
+    assert!(out.iter().all(|v| v.is_nan()), "refused before writing");
+    let (choice, _) = run(of_block(32), &mut out, None).expect("a 32-value variant");
+    assert_eq!(choice.kernel, "expert_ffn_blocked_quantized");
+    let (_, why) = choice
+        .passed_over
+        .iter()
+        .find(|(name, _)| name == wide)
+        .expect("the 64-value spec is considered");
+    assert!(why.contains("blocks of 64 values, not 32"), "{why}");
+    assert!(out.iter().all(|v| v.is_finite()));
+
+    let q64 = QuantCase::<BlockQ8<2>>::new(Op::ExpertFfn, shape, 3);
+    let (choice, _) = dispatch::run_quantized(
+        specs::all(),
+        &Backend::cpu(),
+        of_block(64),
+        &shape,
+        &q64.inputs(&q64.exact.x),
+        &mut out,
+        None,
+    )
+    .expect("the 64-value variant");
+    assert_eq!(choice.kernel, wide);
+    assert!(out.iter().all(|v| v.is_finite()));
 }

@@ -293,29 +293,30 @@ fn sum_segments(segs: &[(usize, usize)], mut segment: impl FnMut(usize, usize) -
     segs.iter().fold(0f32, |sum, &(s, e)| sum + segment(s, e))
 }
 
-/// [`sum_segments`] for Q8_0: per block, `|w|` as unsigned times `x` with `w`'s sign
-/// (`vpmaddubsw`; exact, as `|w| <= 128` and `x != -128` keep each pair within i16), pairs of
-/// i16 added (`vpmaddwd`) into 8 lanes over values `4i..4i + 4`, scaled by both scales and
-/// fused into one of [`CHAINS`] accumulators in turn (block `b` into chain `b % 4`, so no one
-/// chain's FMA latency bounds the loop), added (0 + 1) + (2 + 3), then the lanes by the fixed
-/// tree.
+/// [`sum_segments`] for Q8 blocks of `G` groups, the segments in groups: per group, `|w|` as
+/// unsigned times `x` with `w`'s sign (`vpmaddubsw`; exact, as `|w| <= 128` and `x != -128`
+/// keep each pair within i16), pairs of i16 added (`vpmaddwd`) into 8 lanes over values
+/// `4i..4i + 4`, scaled by its block's scale and its activation group's and fused into one of
+/// [`CHAINS`] accumulators in turn (group `b` into chain `b % 4`, so no one chain's FMA latency
+/// bounds the loop), added (0 + 1) + (2 + 3), then the lanes by the fixed tree.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_q8_0(
-    row: &[moek_ir::quant::BlockQ8_0],
+pub(crate) unsafe fn dot_q8<const G: usize>(
+    row: &[moek_ir::quant::BlockQ8<G>],
     x: &QuantizedActivation,
     segs: &[(usize, usize)],
     ahead: usize,
 ) -> f32 {
     let n = segs.iter().map(|&(_, e)| e).max().unwrap_or(0);
-    assert!(row.len() >= n && x.scales.len() >= n && x.values.len() >= n * 32);
+    assert!(row.len() * G >= n && x.scales.len() >= n && x.values.len() >= n * 32);
     let ones = _mm256_set1_epi16(1);
     let step = |acc: &mut __m256, b: usize| {
-        // SAFETY: `b < n`: the slices hold block `b`'s lanes (asserted); AVX2 is ours.
+        // SAFETY: `b < n`: the slices hold group `b`'s lanes (asserted); AVX2 is ours.
         unsafe {
-            let blk = row.get_unchecked(b);
-            crate::memory::prefetch((blk as *const _ as *const u8).wrapping_add(ahead));
+            let blk = row.get_unchecked(b / G);
+            let qs = blk.qs.get_unchecked(b % G);
+            crate::memory::prefetch((qs as *const _ as *const u8).wrapping_add(ahead));
             let xv = _mm256_loadu_si256(x.values.as_ptr().add(b * 32).cast());
-            let q = _mm256_loadu_si256(blk.qs.as_ptr().cast());
+            let q = _mm256_loadu_si256(qs.as_ptr().cast());
             let dot = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q));
             let sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(dot, ones));
             let d = _mm256_set1_ps(f16_bits_to_f32(blk.d) * *x.scales.get_unchecked(b));
@@ -340,8 +341,9 @@ pub(crate) unsafe fn dot_q8_0(
     })
 }
 
-/// [`sum_segments`] for Q4_0, two blocks a step: their 16 bytes of nibbles side by side in one
-/// register, so one mask gives both blocks' low nibbles (values 0..16) and one shift and mask
+/// [`sum_segments`] for Q4 blocks of `G` groups, the segments in groups (below, a "block" is a
+/// group, scaled by the scale of the block it is in). Two blocks a step: their 16 bytes of
+/// nibbles side by side in one register, so one mask gives both blocks' low nibbles (values 0..16) and one shift and mask
 /// their high ones (16..32), each multiplied as stored (0..=15) by the activation's matching
 /// halves ([`QuantizedActivation::low`], [`QuantizedActivation::high`]: two blocks' halves are
 /// one 32-byte load) and added in i16 (at most 2 x 2 x 15 x 127). A block's 4 lanes then hold
@@ -351,15 +353,20 @@ pub(crate) unsafe fn dot_q8_0(
 /// in turn. A last odd block runs the same steps at half width. Against one block a step, about
 /// half the instructions a block: no lane crossing and one scale conversion a pair.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_q4_0(
-    row: &[moek_ir::quant::BlockQ4_0],
+pub(crate) unsafe fn dot_q4<const G: usize>(
+    row: &[moek_ir::quant::BlockQ4<G>],
     x: &QuantizedActivation,
     segs: &[(usize, usize)],
     ahead: usize,
 ) -> f32 {
     let n = segs.iter().map(|&(_, e)| e).max().unwrap_or(0);
-    assert!(row.len() >= n && x.scales.len() >= n && x.offsets.len() >= n * 4);
+    assert!(row.len() * G >= n && x.scales.len() >= n && x.offsets.len() >= n * 4);
     assert!(x.low.len() >= n * 16 && x.high.len() >= n * 16);
+    // Group `b`'s nibbles and its block's scale bits. SAFETY: every caller passes `b < n`.
+    let group = |b: usize| unsafe {
+        let blk = row.get_unchecked(b / G);
+        (blk.qs.get_unchecked(b % G), blk.d)
+    };
     let (low, high, offsets, xd) = (&x.low, &x.high, &x.offsets, &x.scales);
     let mask = _mm256_set1_epi8(0x0f);
     let ones = _mm256_set1_epi16(1);
@@ -367,9 +374,9 @@ pub(crate) unsafe fn dot_q4_0(
     let pair = |acc: &mut __m256, b: usize, d: __m256| {
         // SAFETY: `b + 1 < n`: the slices hold both blocks' lanes (asserted); AVX2 is ours.
         unsafe {
-            let (wa, wb) = (row.get_unchecked(b), row.get_unchecked(b + 1));
+            let (wa, wb) = (group(b).0, group(b + 1).0);
             crate::memory::prefetch((wa as *const _ as *const u8).wrapping_add(ahead));
-            let packed = _mm256_loadu2_m128i(wb.qs.as_ptr().cast(), wa.qs.as_ptr().cast());
+            let packed = _mm256_loadu2_m128i(wb.as_ptr().cast(), wa.as_ptr().cast());
             let lo = _mm256_and_si256(packed, mask);
             let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), mask);
             let xl = _mm256_loadu_si256(low.as_ptr().add(b * 16).cast());
@@ -387,7 +394,7 @@ pub(crate) unsafe fn dot_q4_0(
     let scales8 = |b: usize| {
         // SAFETY: `b + 8 <= n` (the callers' loop bounds).
         unsafe {
-            let d = |i: usize| i32::from(row.get_unchecked(b + i).d);
+            let d = |i: usize| i32::from(group(b + i).1);
             let mut bits = _mm_cvtsi32_si128(d(0));
             bits = _mm_insert_epi16::<1>(bits, d(1));
             bits = _mm_insert_epi16::<2>(bits, d(2));
@@ -416,8 +423,7 @@ pub(crate) unsafe fn dot_q4_0(
     let scales2 = |b: usize| {
         // SAFETY: `b + 1 < n` (the caller's loop bound).
         unsafe {
-            let bits =
-                i32::from(row.get_unchecked(b).d) | (i32::from(row.get_unchecked(b + 1).d) << 16);
+            let bits = i32::from(group(b).1) | (i32::from(group(b + 1).1) << 16);
             let d = _mm_mul_ps(
                 _mm_cvtph_ps(_mm_cvtsi32_si128(bits)),
                 _mm_castpd_ps(_mm_load_sd(xd.as_ptr().add(b).cast())),
@@ -429,8 +435,8 @@ pub(crate) unsafe fn dot_q4_0(
     let single = |b: usize| {
         // SAFETY: `b < n` (as above).
         unsafe {
-            let blk = row.get_unchecked(b);
-            let packed = _mm_loadu_si128(blk.qs.as_ptr().cast());
+            let (qs, d) = group(b);
+            let packed = _mm_loadu_si128(qs.as_ptr().cast());
             let mask = _mm_set1_epi8(0x0f);
             let lo = _mm_and_si128(packed, mask);
             let hi = _mm_and_si128(_mm_srli_epi16::<4>(packed), mask);
@@ -444,7 +450,7 @@ pub(crate) unsafe fn dot_q4_0(
             let lanes = _mm_cvtepi32_ps(dot);
             let lanes = _mm_add_ps(lanes, _mm_movehl_ps(lanes, lanes));
             let lanes = _mm_add_ss(lanes, _mm_movehdup_ps(lanes));
-            f16_bits_to_f32(blk.d) * *xd.get_unchecked(b) * _mm_cvtss_f32(lanes)
+            f16_bits_to_f32(d) * *xd.get_unchecked(b) * _mm_cvtss_f32(lanes)
         }
     };
     sum_segments(segs, |s, e| {

@@ -1,10 +1,11 @@
-//! Products of block-quantized weights (Q8_0, Q4_0: [`moek_ir::quant`]) with activations, in
-//! integer dot products as llama.cpp computes them.
+//! Products of block-quantized weights (Q8_0, Q4_0 at any declared block size:
+//! [`moek_ir::quant`]) with activations, in integer dot products as llama.cpp computes them.
 //!
-//! The activation is quantized once per product to 8 bits per block of 32 (an f32 scale
-//! `amax / 127` and i8 values, rounded to nearest, ties to even); each block's dot product is
-//! then exact in 32-bit integers, scaled by both blocks' scales and added in f32. On AVX2 a Q8_0
-//! block is one `vpmaddubsw` (unsigned x signed bytes into i16 pairs; the weight's sign moved
+//! The activation is quantized once per product to 8 bits per group of 32 (an f32 scale
+//! `amax / 127` and i8 values, rounded to nearest, ties to even); each group's dot product is
+//! then exact in 32-bit integers, scaled by its weight block's scale and its own and added in
+//! f32: a block of several groups only shares its scale among them. On AVX2 a Q8_0
+//! group is one `vpmaddubsw` (unsigned x signed bytes into i16 pairs; the weight's sign moved
 //! onto the activation by `vpsignb`) and one `vpmaddwd` against ones; Q4_0 takes two blocks a
 //! step ([`crate::avx2::dot_q4_0`]). There is no AVX-512 VNNI kernel (no CPU here to test one
 //! on), so the AVX-512 and AMX levels run the AVX2 one. Integer dots are chosen over widening
@@ -16,11 +17,11 @@
 
 use crate::element::Element;
 use crate::isa::{Isa, isa};
-use moek_ir::quant::{BLOCK, BlockQ4_0, BlockQ8_0, Packed, Quantized};
+use moek_ir::quant::{BlockQ4, BlockQ8, GROUP, Packed, Quantized};
 use std::cell::RefCell;
 use std::ops::Range;
 
-/// An activation vector in Q8 blocks: one f32 scale per block and the values as i8, also
+/// An activation vector in Q8 groups: one f32 scale per group of 32 and the values as i8, also
 /// split into halves for the AVX2 Q4_0 kernel (`crate::avx2::dot_q4_0`).
 #[derive(Debug, Default)]
 pub struct QuantizedActivation {
@@ -38,12 +39,12 @@ pub struct QuantizedActivation {
 }
 
 impl QuantizedActivation {
-    /// `x` (a whole number of blocks), quantized per block to 8 bits, replacing what was here.
+    /// `x` (a whole number of groups), quantized per group to 8 bits, replacing what was here.
     pub fn quantize<A: Element>(&mut self, x: &[A]) {
         assert_eq!(
-            x.len() % BLOCK,
+            x.len() % GROUP,
             0,
-            "{} activations are not whole blocks of {BLOCK}",
+            "{} activations are not whole groups of {GROUP}",
             x.len()
         );
         self.scales.clear();
@@ -51,8 +52,8 @@ impl QuantizedActivation {
         self.low.clear();
         self.high.clear();
         self.offsets.clear();
-        const HALF: usize = BLOCK / 2;
-        for block in x.chunks_exact(BLOCK) {
+        const HALF: usize = GROUP / 2;
+        for block in x.chunks_exact(GROUP) {
             let amax = block.iter().fold(0f32, |m, v| m.max(v.to_f32().abs()));
             let d = amax / 127.0;
             let id = if d != 0.0 { 1.0 / d } else { 0.0 };
@@ -82,7 +83,7 @@ fn round_small(v: f32) -> f32 {
 }
 
 /// A stored weight element the generated products read: a plain element (one value) or a
-/// quantized block of [`BLOCK`] values.
+/// quantized block ([`Packed::VALUES`] values).
 pub trait Weight: Packed + Copy + Send + Sync + 'static {
     /// `out[j - rows.start] = sum over segs (in order) of x[seg] . mat[j*ld + seg]` for `j` in
     /// `rows`; `ld` and the segments count values.
@@ -119,23 +120,23 @@ plain_weight!(half::f16, half::bf16, f32);
 
 /// A quantized block format with its row products on each level.
 pub trait QuantBlock: Quantized + Copy + Send + Sync + 'static {
-    /// Value `i` of the block in steps of its scale (Q8_0: the byte; Q4_0: the nibble less 8).
-    fn step(&self, i: usize) -> i32;
-
-    /// `sum_b scale(w[b]) * xd[b] * (w[b] . xq[b])`, blocks in order, in plain integer loops.
-    fn dot_portable(w: &[Self], xd: &[f32], xq: &[i8]) -> f32 {
+    /// `sum_g scale(block of g) * x.scales[g] * (w[g] . xq[g])` over the groups `groups` of
+    /// `row`, in order, in plain integer loops.
+    fn dot_portable(row: &[Self], x: &QuantizedActivation, groups: Range<usize>) -> f32 {
         let mut sum = 0f32;
-        for ((b, &d), q) in w.iter().zip(xd).zip(xq.chunks_exact(BLOCK)) {
+        for g in groups {
+            let b = &row[g / Self::GROUPS];
+            let q = &x.values[g * GROUP..(g + 1) * GROUP];
             let dot: i32 = q
                 .iter()
                 .enumerate()
-                .map(|(i, &x)| b.step(i) * i32::from(x))
+                .map(|(i, &v)| b.step(g % Self::GROUPS, i) * i32::from(v))
                 .sum();
-            sum += b.scale() * d * dot as f32;
+            sum += b.scale() * x.scales[g] * dot as f32;
         }
         sum
     }
-    /// On AVX2, `sum over segs (in order) of row[seg] . x[seg]`, the segments in blocks, each
+    /// On AVX2, `sum over segs (in order) of row[seg] . x[seg]`, the segments in groups, each
     /// reduced to one number (8 lanes by a fixed tree) before it is added; prefetches `ahead`
     /// bytes on.
     #[cfg(target_arch = "x86_64")]
@@ -147,11 +148,7 @@ pub trait QuantBlock: Quantized + Copy + Send + Sync + 'static {
     ) -> f32;
 }
 
-impl QuantBlock for BlockQ8_0 {
-    fn step(&self, i: usize) -> i32 {
-        i32::from(self.qs[i])
-    }
-
+impl<const G: usize> QuantBlock for BlockQ8<G> {
     #[cfg(target_arch = "x86_64")]
     fn dot_avx2(
         row: &[Self],
@@ -160,15 +157,11 @@ impl QuantBlock for BlockQ8_0 {
         ahead: usize,
     ) -> f32 {
         // SAFETY: `rows_q` checked the level; the kernel asserts the lengths.
-        unsafe { crate::avx2::dot_q8_0(row, x, segs, ahead) }
+        unsafe { crate::avx2::dot_q8(row, x, segs, ahead) }
     }
 }
 
-impl QuantBlock for BlockQ4_0 {
-    fn step(&self, i: usize) -> i32 {
-        i32::from(self.nibble(i)) - 8
-    }
-
+impl<const G: usize> QuantBlock for BlockQ4<G> {
     #[cfg(target_arch = "x86_64")]
     fn dot_avx2(
         row: &[Self],
@@ -176,8 +169,8 @@ impl QuantBlock for BlockQ4_0 {
         segs: &[(usize, usize)],
         ahead: usize,
     ) -> f32 {
-        // SAFETY: as for Q8_0.
-        unsafe { crate::avx2::dot_q4_0(row, x, segs, ahead) }
+        // SAFETY: as for Q8.
+        unsafe { crate::avx2::dot_q4(row, x, segs, ahead) }
     }
 }
 
@@ -188,11 +181,11 @@ thread_local! {
 
 /// The quantized blocks: the activation quantized per product, then [`rows_q`].
 macro_rules! quantized_weight {
-    ($($ty:ty),*) => {$(
-        impl Weight for $ty {
+    ($($ty:ident),*) => {$(
+        impl<const G: usize> Weight for $ty<G> {
             fn matvec_segments<A: Element>(
                 x: &[A],
-                mat: &[$ty],
+                mat: &[$ty<G>],
                 ld: usize,
                 rows: Range<usize>,
                 segs: &[(usize, usize)],
@@ -207,7 +200,7 @@ macro_rules! quantized_weight {
     )*};
 }
 
-quantized_weight!(BlockQ8_0, BlockQ4_0);
+quantized_weight!(BlockQ8, BlockQ4);
 
 /// [`Weight::matvec_segments`] for quantized rows and an activation already quantized.
 pub fn rows_q<Q: QuantBlock>(
@@ -220,17 +213,18 @@ pub fn rows_q<Q: QuantBlock>(
 ) {
     assert_eq!(out.len(), rows.len(), "matvec output length");
     let k = x.values.len();
+    let block = Q::VALUES;
     assert!(
-        ld.is_multiple_of(BLOCK) && k.is_multiple_of(BLOCK),
-        "quantized rows of {ld} values, {k} activations: not whole blocks of {BLOCK}"
+        ld.is_multiple_of(block) && k.is_multiple_of(block),
+        "quantized rows of {ld} values, {k} activations: not whole blocks of {block}"
     );
     for &(s, e) in segs {
         assert!(
-            s <= e && e <= k && s % BLOCK == 0 && e % BLOCK == 0,
-            "segment {s}..{e} of quantized rows is not whole blocks of 0..{k}"
+            s <= e && e <= k && s % GROUP == 0 && e % GROUP == 0,
+            "segment {s}..{e} of quantized rows is not whole groups of {GROUP} in 0..{k}"
         );
     }
-    let (ldb, kb) = (ld / BLOCK, k / BLOCK);
+    let (ldb, kb) = (ld / block, k / block);
     if let Some(last) = rows.clone().last() {
         assert!(
             last * ldb + kb <= mat.len(),
@@ -240,15 +234,15 @@ pub fn rows_q<Q: QuantBlock>(
     }
     let level = isa();
     let ahead = crate::dot::PREFETCH_AHEAD;
-    let blocks: Vec<(usize, usize)> = segs.iter().map(|&(s, e)| (s / BLOCK, e / BLOCK)).collect();
+    let groups: Vec<(usize, usize)> = segs.iter().map(|&(s, e)| (s / GROUP, e / GROUP)).collect();
     for (o, j) in out.iter_mut().zip(rows) {
         let row = &mat[j * ldb..j * ldb + kb];
         *o = match level {
             #[cfg(target_arch = "x86_64")]
-            Isa::Amx | Isa::Avx512Bf16 | Isa::Avx2 => Q::dot_avx2(row, x, &blocks, ahead),
-            _ => blocks.iter().fold(0f32, |sum, &(s, e)| {
-                sum + Q::dot_portable(&row[s..e], &x.scales[s..e], &x.values[s * BLOCK..e * BLOCK])
-            }),
+            Isa::Amx | Isa::Avx512Bf16 | Isa::Avx2 => Q::dot_avx2(row, x, &groups, ahead),
+            _ => groups
+                .iter()
+                .fold(0f32, |sum, &(s, e)| sum + Q::dot_portable(row, x, s..e)),
         };
     }
 }
@@ -274,8 +268,10 @@ mod tests {
     /// those exactly up to f32 sums of the block products.
     fn matches_dequantized<Q: QuantBlock>() {
         // 19 blocks in segments of 3 and 16 (the second starting on an odd block): the AVX2
-        // Q4_0 kernel's pairs, its 8-block steps and its last odd block.
-        let (rows, k) = (5, 19 * BLOCK);
+        // Q4 kernel's pairs of groups, its 8-group steps and (for one-group blocks) its last
+        // odd group; pairs and steps span blocks of several groups.
+        let block = Q::VALUES;
+        let (rows, k) = (5, 19 * block);
         let w: Vec<Q> = quantize(&values(rows * k, 1));
         let x = values(k, 2);
         let mut xq = QuantizedActivation::default();
@@ -284,10 +280,10 @@ mod tests {
             .values
             .iter()
             .enumerate()
-            .map(|(i, &q)| f64::from(xq.scales[i / BLOCK]) * f64::from(q))
+            .map(|(i, &q)| f64::from(xq.scales[i / GROUP]) * f64::from(q))
             .collect();
         let wd = dequantize(&w);
-        let segs = [(0, 3 * BLOCK), (3 * BLOCK, k)];
+        let segs = [(0, 3 * block), (3 * block, k)];
         let mut got = vec![0f32; rows];
         rows_q(&xq, &w, k, 0..rows, &segs, &mut got);
         for (j, g) in got.iter().enumerate() {
@@ -302,21 +298,29 @@ mod tests {
 
     #[test]
     fn q8_0_rows_match_the_dequantized_sums() {
-        matches_dequantized::<BlockQ8_0>();
+        matches_dequantized::<BlockQ8<1>>();
     }
 
     #[test]
     fn q4_0_rows_match_the_dequantized_sums() {
-        matches_dequantized::<BlockQ4_0>();
+        matches_dequantized::<BlockQ4<1>>();
+    }
+
+    #[test]
+    fn rows_of_larger_blocks_match_the_dequantized_sums() {
+        matches_dequantized::<BlockQ8<2>>();
+        matches_dequantized::<BlockQ8<8>>();
+        matches_dequantized::<BlockQ4<2>>();
+        matches_dequantized::<BlockQ4<8>>();
     }
 
     #[test]
     fn activation_rounding_is_within_half_a_step() {
-        let x = values(3 * BLOCK, 7);
+        let x = values(3 * GROUP, 7);
         let mut xq = QuantizedActivation::default();
         xq.quantize(&x);
         for (i, &v) in x.iter().enumerate() {
-            let d = xq.scales[i / BLOCK];
+            let d = xq.scales[i / GROUP];
             let got = d * f32::from(xq.values[i]);
             assert!((got - v).abs() <= d * 0.5 + 1e-7, "{v} became {got}");
         }

@@ -95,6 +95,7 @@ impl<W: Float> Model<'_, W> {
                 activation: Activation::Silu,
                 bias: Default::default(),
                 output_gate: false,
+                quant_block: moek_kernels::ir::quant::BLOCK,
             };
             dispatch::choose(
                 specs::all(),

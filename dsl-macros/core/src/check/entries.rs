@@ -128,6 +128,9 @@ impl Checker {
                         [] => {}
                     }
                 }
+                "quant_block" => {
+                    p.quant_block = parse_or_record!(<syn::LitInt as syn::parse::Parse>::parse)
+                }
                 _ => unreachable!("every key in KEYS is handled"),
             }
         }

@@ -35,6 +35,7 @@ pub const KEYS: &[&str] = &[
     "activation",
     "bias",
     "output_gate",
+    "quant_block",
 ];
 
 /// Validates one spec. All errors are collected; the IR is returned only when there are none.
@@ -74,6 +75,8 @@ pub(crate) struct Parsed {
     pub(crate) bias: Vec<(Phase, Span)>,
     /// `output_gate: sigmoid`, and the span of its value.
     pub(crate) output_gate: Option<Span>,
+    /// `quant_block: N`: the block size of quantized weights, as written.
+    pub(crate) quant_block: Option<syn::LitInt>,
     pub(crate) has_dtypes: bool,
     pub(crate) has_targets: bool,
 }
@@ -145,6 +148,7 @@ impl Checker {
                 down: p.bias.iter().any(|b| b.0 == Phase::Down),
             },
             output_gate: p.output_gate.is_some(),
+            quant_block: self.quant_block(&p),
         };
         self.bias_rules(&kernel, &p);
         self.quant_rules(&kernel, &p);

@@ -1,11 +1,43 @@
-//! Rules of the block-quantized weight dtypes (`q8_0`, `q4_0`): where they are lowered, and that
-//! every reduction a weight row is read along is cut on whole blocks.
+//! Rules of the block-quantized weight dtypes (`q8_0`, `q4_0`): their block size, where they are
+//! lowered, and that every reduction a weight row is read along is cut on whole blocks.
 
 use super::{Checker, Parsed};
-use moek_ir::quant::BLOCK;
+use moek_ir::quant::{BLOCK, BLOCK_SIZES, GROUP};
 use moek_ir::*;
 
 impl Checker {
+    /// The declared block size (`quant_block: N`): one of [`BLOCK_SIZES`], and only beside a
+    /// quantized dtype. 32, llama.cpp's, when none is declared (or the one declared is wrong:
+    /// the error stops the spec).
+    pub(super) fn quant_block(&mut self, p: &Parsed) -> usize {
+        let Some(lit) = &p.quant_block else {
+            return BLOCK;
+        };
+        if !p.dtypes.iter().any(|d| d.0.is_quantized()) {
+            self.errors.push(
+                lit.span(),
+                format!(
+                    "`quant_block: {lit}` sizes the blocks of quantized weights, and this spec declares no quantized dtype (q8_0, q4_0, q8_0_bf16, q4_0_bf16)"
+                ),
+            );
+            return BLOCK;
+        }
+        match lit.base10_parse::<usize>() {
+            Ok(n) if BLOCK_SIZES.contains(&n) => n,
+            _ => {
+                let valid: Vec<String> = BLOCK_SIZES.iter().map(|b| b.to_string()).collect();
+                self.errors.push(
+                    lit.span(),
+                    format!(
+                        "a quantized block of {lit} values: a block is 1, 2, 4 or 8 groups of {GROUP} values (the kernels read a group at a time) under one scale; valid: {}",
+                        valid.join(", ")
+                    ),
+                );
+                BLOCK
+            }
+        }
+    }
+
     pub(super) fn quant_rules(&mut self, k: &Kernel, p: &Parsed) {
         let Some(&(dtype, span)) = p.dtypes.iter().find(|d| d.0.is_quantized()) else {
             return;
@@ -47,46 +79,67 @@ impl Checker {
     }
 
     /// The dims weight rows run along (H for gate/up, F for down), their reduction blocks and
-    /// their core splits must fall on block boundaries.
+    /// their core splits must fall on block boundaries. A dim the declared block size does not
+    /// divide is an error on that size; with the default block, on the dim.
     fn whole_blocks(&mut self, k: &Kernel, p: &Parsed, dtype: DType) {
+        let block = k.quant_block;
         let rows: &[DimName] = match k.op {
             Op::GateUp | Op::LmHeadRow => &[DimName::H],
             Op::Down => &[DimName::F],
             Op::ExpertFfn | Op::DenseMlp => &[DimName::H, DimName::F],
         };
         let hint = |n: usize| {
-            let below = n / BLOCK * BLOCK;
+            let below = n / block * block;
             match below {
-                0 => format!("{}", BLOCK),
-                b => format!("{b} or {}", b + BLOCK),
+                0 => format!("{block}"),
+                b => format!("{b} or {}", b + block),
             }
         };
         for &dim in rows {
             let size = k.dim(dim).and_then(|d| d.size);
             if let (Some(n), Some(decl)) =
                 (size, p.dims.iter().flatten().find(|d| d.name == dim.name()))
-                && n % BLOCK != 0
+                && n % block != 0
             {
-                let at = decl.size.as_ref().map_or(decl.name.span(), |s| s.span());
-                self.errors.push(
-                    at,
-                    format!(
-                        "`{dtype}` stores weight rows in blocks of {BLOCK} values, and `{dim}` = {n} is not a multiple of {BLOCK} (say {})",
-                        hint(n)
-                    ),
-                );
+                if let Some(lit) = p.quant_block.as_ref().filter(|_| block != BLOCK) {
+                    let fit: Vec<String> = BLOCK_SIZES
+                        .iter()
+                        .filter(|b| n.is_multiple_of(**b))
+                        .map(|b| b.to_string())
+                        .collect();
+                    let fit = match fit.is_empty() {
+                        true => format!("none: `{dim}` is not whole groups of {GROUP}"),
+                        false => fit.join(", "),
+                    };
+                    self.errors.push(
+                        lit.span(),
+                        format!(
+                            "a `{dtype}` weight row along `{dim}` = {n} is not whole blocks of {block} values ({n} / {block} = {:.2}); block sizes that divide it: {fit}",
+                            n as f64 / block as f64
+                        ),
+                    );
+                } else {
+                    let at = decl.size.as_ref().map_or(decl.name.span(), |s| s.span());
+                    self.errors.push(
+                        at,
+                        format!(
+                            "`{dtype}` stores weight rows in blocks of {block} values, and `{dim}` = {n} is not a multiple of {block} (say {})",
+                            hint(n)
+                        ),
+                    );
+                }
             }
             for decl in p.reduce.iter().filter(|b| b.dim == dim.name()) {
                 if let Some(lit) = decl
                     .sizes
                     .iter()
-                    .find(|s| s.base10_parse::<usize>().is_ok_and(|n| n % BLOCK != 0))
+                    .find(|s| s.base10_parse::<usize>().is_ok_and(|n| n % block != 0))
                 {
                     let n: usize = lit.base10_parse().unwrap_or(0);
                     self.errors.push(
                         lit.span(),
                         format!(
-                            "a reduction block of `{dtype}` weights is whole blocks of {BLOCK} values; {n} is not (say {})",
+                            "a reduction block of `{dtype}` weights is whole blocks of {block} values; {n} is not (say {})",
                             hint(n)
                         ),
                     );
@@ -99,9 +152,9 @@ impl Checker {
                         continue;
                     }
                     if let Some(n) = size
-                        && !(n / BLOCK).is_multiple_of(parts)
+                        && !(n / block).is_multiple_of(parts)
                     {
-                        let blocks = n / BLOCK;
+                        let blocks = n / block;
                         let valid: Vec<String> = (2..=blocks.min(MAX_CORES))
                             .filter(|p| blocks.is_multiple_of(*p))
                             .map(|p| p.to_string())
@@ -113,14 +166,14 @@ impl Checker {
                         self.errors.push(
                             lit.span(),
                             format!(
-                                "`{dim}` = {n} split {parts} ways does not cut on whole blocks of {BLOCK} `{dtype}` values ({blocks} blocks); valid splits: {valid}"
+                                "`{dim}` = {n} split {parts} ways does not cut on whole blocks of {block} `{dtype}` values ({blocks} blocks); valid splits: {valid}"
                             ),
                         );
                     } else if size.is_none() {
                         self.errors.push(
                             lit.span(),
                             format!(
-                                "a split of free `{dim}` cannot be shown to cut on whole blocks of {BLOCK} `{dtype}` values: fix `{dim}`, or do not split it"
+                                "a split of free `{dim}` cannot be shown to cut on whole blocks of {block} `{dtype}` values: fix `{dim}`, or do not split it"
                             ),
                         );
                     }

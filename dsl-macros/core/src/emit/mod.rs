@@ -71,15 +71,25 @@ fn cpu_fns(k: &Kernel) -> TokenStream {
     let f16 = plain(moek_ir::DType::F16, quote!(#half::f16));
     let bf16 = plain(moek_ir::DType::Bf16, quote!(#half::bf16));
     let f32 = plain(moek_ir::DType::F32, quote!(f32));
-    // One table per block format: its variants beside f32 and beside bf16 activations.
+    // One table per block format, at the spec's block size (`G` groups a block): its variants
+    // beside f32 and beside bf16 activations, held by `BlockFns` as a `'static` constant.
+    let groups = k.quant_block / moek_ir::quant::GROUP;
     let quant = |format: moek_ir::DType, ty: TokenStream| {
         let of = |act| moek_ir::DType::quantized(format, act).expect("a block format");
+        if !k.dtypes.iter().any(|d| d.block_format() == Some(format)) {
+            return quote!(::moek_kernels::__private::BlockFns::NONE);
+        }
+        let ty = quote!(#ty<#groups>);
         let f32 = slot(of(moek_ir::DType::F32), ty.clone(), quote!(f32));
-        let bf16 = slot(of(moek_ir::DType::Bf16), ty, quote!(#half::bf16));
-        quote!(::moek_kernels::__private::QuantFns { f32: #f32, bf16: #bf16 })
+        let bf16 = slot(of(moek_ir::DType::Bf16), ty.clone(), quote!(#half::bf16));
+        quote!(::moek_kernels::__private::BlockFns::new({
+            const FNS: ::moek_kernels::__private::QuantFns<#ty> =
+                ::moek_kernels::__private::QuantFns { f32: #f32, bf16: #bf16 };
+            &FNS
+        }))
     };
-    let q8_0 = quant(moek_ir::DType::Q8_0, quote!(#q::BlockQ8_0));
-    let q4_0 = quant(moek_ir::DType::Q4_0, quote!(#q::BlockQ4_0));
+    let q8_0 = quant(moek_ir::DType::Q8_0, quote!(#q::BlockQ8));
+    let q4_0 = quant(moek_ir::DType::Q4_0, quote!(#q::BlockQ4));
     quote! {
         ::moek_kernels::__private::cpu_fns!(::moek_kernels::__private::CpuFns {
             f16: #f16, bf16: #bf16, f32: #f32, q8_0: #q8_0, q4_0: #q4_0,

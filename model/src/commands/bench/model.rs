@@ -369,8 +369,8 @@ impl Work {
     ) -> Work {
         let (h, e, st) = (cfg.hidden as f64, 2.0, s as f64);
         let quantized_bytes = quant.map_or(e, |q| {
-            let block = q.dtype().block_bytes().expect("a quantized dtype") as f64;
-            block / moek_kernels::ir::quant::BLOCK as f64
+            let block = moek_kernels::ir::quant::BLOCK;
+            q.dtype().block_bytes(block).expect("a quantized dtype") as f64 / block as f64
         });
         let mut decode_bytes = cfg.vocab as f64 * h * quantized_bytes;
         let mut prefill_flops = 2.0 * cfg.vocab as f64 * h;

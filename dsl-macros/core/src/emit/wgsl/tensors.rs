@@ -3,7 +3,6 @@
 use super::{Emitter, Store, WgslError};
 use moek_ir::DType;
 use moek_ir::plan::{Role, TensorPlan};
-use moek_ir::quant::BLOCK;
 use moek_ir::tensors::{DOWN_BIAS, ElemClass, GATE_UP_BIAS, OUTPUT_GATE, TensorRole};
 use std::fmt::Write;
 
@@ -60,9 +59,9 @@ impl Emitter<'_> {
             Store::F32 | Store::U32 => (4, 1),
             Store::Blocks => (
                 self.dtype
-                    .block_bytes()
+                    .block_bytes(self.k.quant_block)
                     .expect("blocks of a quantized dtype"),
-                BLOCK,
+                self.k.quant_block,
             ),
         };
         if elems >= u32::MAX as usize {
@@ -211,13 +210,15 @@ impl Emitter<'_> {
 }
 
 impl Emitter<'_> {
-    /// The loaders of one chunk of quantized blocks, stored as llama.cpp stores them (an f16
-    /// scale, then the values: Q8_0 as 32 i8, Q4_0 as 16 bytes of nibbles, value `j` in byte
-    /// `j % 16`'s low nibble for `j < 16`, its high one after) and read as little-endian `u32`
-    /// words: `byte_VAR(o)`, then `ld_VAR(i)` the exact value `i` (`d * q`, `d * (n - 8)`) and
+    /// The loaders of one chunk of quantized blocks of the spec's size, stored as
+    /// `moek_ir::quant` lays them out (an f16 scale, then the values group by group: Q8 as i8,
+    /// Q4 as 16 bytes of nibbles a group of 32, value `j` of a group in byte `j % 16`'s low
+    /// nibble for `j < 16`, its high one after) and read as little-endian `u32` words:
+    /// `byte_VAR(o)`, then `ld_VAR(i)` the exact value `i` (`d * q`, `d * (n - 8)`) and
     /// `ld2_VAR(i)` values `i` and `i + 1`.
     fn block_loaders(&self, var: &str, t: &TensorPlan) -> String {
         let bytes = t.elem_bytes;
+        let block = self.k.quant_block;
         let value = match self
             .dtype
             .block_format()
@@ -228,8 +229,8 @@ impl Emitter<'_> {
                             return d * f32(q);"
             }
             DType::Q4_0 => {
-                "let b = byte_VAR(o + 2u + (j & 15u));\n    \
-                            let n = select(b & 15u, b >> 4u, j >= 16u);\n    \
+                "let b = byte_VAR(o + 2u + (j >> 5u) * 16u + (j & 15u));\n    \
+                            let n = select(b & 15u, b >> 4u, (j & 31u) >= 16u);\n    \
                             return d * (f32(n) - 8.0);"
             }
             d => unreachable!("{d} is not a block format"),
@@ -238,8 +239,8 @@ impl Emitter<'_> {
             "fn byte_VAR(o: u32) -> u32 {{\n    \
              return (VAR[o >> 2u] >> ((o & 3u) * 8u)) & 0xffu;\n}}\n\
              fn ld_VAR(i: u32) -> f32 {{\n    \
-             let o = (i / {BLOCK}u) * {bytes}u;\n    \
-             let j = i % {BLOCK}u;\n    \
+             let o = (i / {block}u) * {bytes}u;\n    \
+             let j = i % {block}u;\n    \
              let d = unpack2x16float(byte_VAR(o) | (byte_VAR(o + 1u) << 8u)).x;\n    \
              {value}\n}}\n\
              fn ld2_VAR(i: u32) -> vec2<f32> {{\n    \

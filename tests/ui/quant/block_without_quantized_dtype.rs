@@ -1,0 +1,13 @@
+use moek_kernels::kernel;
+
+kernel! {
+    pub k = expert_ffn {
+        dims:        T = 1, R = 8, E = 16, H = 2816, F = 704;
+        dtypes:      bf16;
+        targets:     cpu;
+        quant_block: 64;
+        select:      gather E by R;
+    }
+}
+
+fn main() {}
