@@ -343,10 +343,10 @@ pub(crate) unsafe fn dot_q8<const G: usize>(
 
 /// [`sum_segments`] for Q4 blocks of `G` groups, the segments in groups (below, a "block" is a
 /// group, scaled by the scale of the block it is in). Two blocks a step: their 16 bytes of
-/// nibbles side by side in one register, so one mask gives both blocks' low nibbles (values 0..16) and one shift and mask
-/// their high ones (16..32), each multiplied as stored (0..=15) by the activation's matching
-/// halves ([`QuantizedActivation::low`], [`QuantizedActivation::high`]: two blocks' halves are
-/// one 32-byte load) and added in i16 (at most 2 x 2 x 15 x 127). A block's 4 lanes then hold
+/// nibbles side by side in one register, so one mask gives both blocks' low nibbles (values
+/// 0..16) and one shift and mask their high ones (16..32), each multiplied as stored (0..=15)
+/// by the activation's matching halves ([`QuantizedActivation::low`],
+/// [`QuantizedActivation::high`]: two blocks' halves are one 32-byte load) and added in i16 (at most 2 x 2 x 15 x 127). A block's 4 lanes then hold
 /// its sums over values `4i..4i + 4` and `16 + 4i..16 + 4i + 4`, less the activation's
 /// [`QuantizedActivation::offsets`] (what the nibbles' offset of 8 adds), scaled by both
 /// blocks' scales (one conversion for the pair) and fused into one of [`CHAINS`] accumulators

@@ -7,7 +7,7 @@
 //! f32: a block of several groups only shares its scale among them. On AVX2 a Q8_0
 //! group is one `vpmaddubsw` (unsigned x signed bytes into i16 pairs; the weight's sign moved
 //! onto the activation by `vpsignb`) and one `vpmaddwd` against ones; Q4_0 takes two blocks a
-//! step ([`crate::avx2::dot_q4_0`]). There is no AVX-512 VNNI kernel (no CPU here to test one
+//! step ([`crate::avx2::dot_q4`]). There is no AVX-512 VNNI kernel (no CPU here to test one
 //! on), so the AVX-512 and AMX levels run the AVX2 one. Integer dots are chosen over widening
 //! the weights to f32 and using FMAs: a block is 4 instructions instead of 12 (8 widenings and 4
 //! FMAs), and decode is bound by memory either way, prefill is not.
@@ -22,7 +22,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 /// An activation vector in Q8 groups: one f32 scale per group of 32 and the values as i8, also
-/// split into halves for the AVX2 Q4_0 kernel (`crate::avx2::dot_q4_0`).
+/// split into halves for the AVX2 Q4_0 kernel (`crate::avx2::dot_q4`).
 #[derive(Debug, Default)]
 pub struct QuantizedActivation {
     pub scales: Vec<f32>,
