@@ -1,7 +1,8 @@
 //! What a validated kernel spec is, and what its emitters produce for the backends, as plain data:
 //! the IR ([`kernel`], re-exported at the root), the op table of tensors ([`tensors`]), the f64
 //! reference semantics of every op ([`reference`]), the tolerance table ([`tolerance`]), the
-//! block-quantized weight formats ([`quant`]), the
+//! block-quantized weight formats ([`quant`]), the f32 elementwise functions every run time
+//! shares ([`scalar`]), the
 //! Spyre program format ([`spyre`]) and device plans ([`plan`]).
 //!
 //! This crate parses nothing (no syn): the proc-macro core (`moek-dsl`) builds these types from
@@ -11,6 +12,7 @@ pub mod kernel;
 pub mod plan;
 pub mod quant;
 pub mod reference;
+pub mod scalar;
 pub mod spyre;
 pub mod tensors;
 pub mod tolerance;

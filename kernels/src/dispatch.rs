@@ -2,13 +2,14 @@
 //! specific eligible one is chosen, and the choice records why (and why each other was not).
 //!
 //! Specificity: more fixed dims; then more bounded free dims (`T = 2..`); then more schedule
-//! decisions; then declaration order. An explicitly requested variant that is not eligible is an
-//! error returned before anything is computed or written.
+//! decisions; then the lower [`Rank`] in the registry (the built-ins are ranked in declaration
+//! order, a user's entries ahead of them). An explicitly requested variant that is not eligible
+//! is an error returned before anything is computed or written.
 
 use crate::backend;
 use crate::elem::{Elem, QuantAct, QuantElem, quantized_dtype};
 use crate::inputs::{InputError, Inputs};
-use crate::registry::KernelEntry;
+use crate::registry::{KernelEntry, Rank, Registry};
 use moek_ir::quant::Packed;
 use moek_ir::reference::Shape;
 use moek_ir::{Activation, Bias, Capability, DType, Kernel, Op, Target};
@@ -314,7 +315,7 @@ pub fn eligible(
 
 /// Picks the variant for `task` (or checks the `requested` one) and records why.
 pub fn choose(
-    entries: &[KernelEntry],
+    registry: &Registry,
     backend: &Backend,
     task: impl Into<Task>,
     dtype: DType,
@@ -323,7 +324,8 @@ pub fn choose(
 ) -> Result<Choice, DispatchError> {
     let task = task.into();
     let op = task.op;
-    let of_op: Vec<&KernelEntry> = entries.iter().filter(|e| e.ir().op == op).collect();
+    let of_op: Vec<(Rank, &KernelEntry)> =
+        registry.ranked().filter(|(_, e)| e.ir().op == op).collect();
     let mut choice = Choice {
         kernel: String::new(),
         target: backend.target,
@@ -332,10 +334,10 @@ pub fn choose(
         passed_over: vec![],
     };
     if let Some(name) = requested {
-        let Some(entry) = of_op.iter().find(|e| e.name() == name) else {
+        let Some((_, entry)) = of_op.iter().find(|(_, e)| e.name() == name) else {
             let valid = of_op
                 .iter()
-                .map(|e| e.name())
+                .map(|(_, e)| e.name())
                 .collect::<Vec<_>>()
                 .join(", ");
             return Err(DispatchError::Unknown {
@@ -354,33 +356,39 @@ pub fn choose(
         choice.why = "requested explicitly".to_string();
         return Ok(choice);
     }
-    let mut best: Option<(&KernelEntry, (usize, usize, usize))> = None;
-    for entry in &of_op {
+    // In rank order: an equally specific entry later in the list never displaces the first.
+    let mut best: Option<(&KernelEntry, Rank, (usize, usize, usize))> = None;
+    for &(rank, entry) in &of_op {
         match eligible(entry, backend, task, dtype, shape) {
             Err(reason) => choice
                 .passed_over
                 .push((entry.name().to_string(), format!("it {reason}"))),
             Ok(()) => {
-                let rank = specificity(entry.ir());
-                if best.is_none_or(|(_, b)| rank > b) {
-                    if let Some((prev, _)) = best {
+                let spec = specificity(entry.ir());
+                if best.is_none_or(|(_, _, b)| spec > b) {
+                    if let Some((prev, _, _)) = best {
                         choice.passed_over.push((
                             prev.name().to_string(),
                             format!("less specific than {}", entry.name()),
                         ));
                     }
-                    best = Some((entry, rank));
+                    best = Some((entry, rank, spec));
                 } else {
-                    let winner = best.expect("checked above").0.name();
-                    choice.passed_over.push((
-                        entry.name().to_string(),
-                        format!("less specific than {winner}"),
-                    ));
+                    let (winner, winner_rank, b) = best.expect("checked above");
+                    let why = if spec == b {
+                        format!(
+                            "as specific as {}, ranked after it ({rank} vs {winner_rank})",
+                            winner.name()
+                        )
+                    } else {
+                        format!("less specific than {}", winner.name())
+                    };
+                    choice.passed_over.push((entry.name().to_string(), why));
                 }
             }
         }
     }
-    let Some((entry, (fixed, bounded, decisions))) = best else {
+    let Some((entry, rank, (fixed, bounded, decisions))) = best else {
         let reasons = choice
             .passed_over
             .iter()
@@ -398,11 +406,11 @@ pub fn choose(
     };
     choice.kernel = entry.name().to_string();
     choice.why = format!(
-        "most specific eligible ({fixed} fixed dims, {bounded} bounded, {decisions} schedule decisions)"
+        "most specific eligible ({fixed} fixed dims, {bounded} bounded, {decisions} schedule decisions; {rank})"
     );
     choice
         .passed_over
-        .sort_by_key(|(_, why)| why.starts_with("less specific"));
+        .sort_by_key(|(_, why)| why.starts_with("less specific") || why.starts_with("as specific"));
     Ok(choice)
 }
 
@@ -425,7 +433,7 @@ fn specificity(k: &Kernel) -> (usize, usize, usize) {
 /// Runs the chosen (or requested) variant of the inputs' op with the default activation:
 /// inputs are validated and the choice is made before any output is written.
 pub fn run<W: Elem>(
-    entries: &[KernelEntry],
+    registry: &Registry,
     backend: &Backend,
     shape: &Shape,
     inputs: &Inputs<'_, W>,
@@ -437,12 +445,12 @@ pub fn run<W: Elem>(
         output_gate: inputs.output_gate(),
         ..Task::from(inputs.op())
     };
-    run_task(entries, backend, task, shape, inputs, out, requested)
+    run_task(registry, backend, task, shape, inputs, out, requested)
 }
 
 /// [`run`] for `task`: the inputs' op with the activation `task` names.
 pub fn run_task<W: Elem>(
-    entries: &[KernelEntry],
+    registry: &Registry,
     backend: &Backend,
     task: Task,
     shape: &Shape,
@@ -451,7 +459,7 @@ pub fn run_task<W: Elem>(
     requested: Option<&str>,
 ) -> Result<(Choice, backend::Ran), DispatchError> {
     let (choice, entry) = prepare(
-        entries,
+        registry,
         backend,
         task,
         W::DTYPE,
@@ -466,7 +474,7 @@ pub fn run_task<W: Elem>(
 
 /// [`run_task`] for weights in blocks of `Q` beside activations in `A` (the quantized dtypes).
 pub fn run_quantized<Q: QuantElem, A: QuantAct>(
-    entries: &[KernelEntry],
+    registry: &Registry,
     backend: &Backend,
     task: Task,
     shape: &Shape,
@@ -475,7 +483,7 @@ pub fn run_quantized<Q: QuantElem, A: QuantAct>(
     requested: Option<&str>,
 ) -> Result<(Choice, backend::Ran), DispatchError> {
     let (choice, entry) = prepare(
-        entries,
+        registry,
         backend,
         task,
         quantized_dtype::<Q, A>(),
@@ -493,7 +501,7 @@ pub fn run_quantized<Q: QuantElem, A: QuantAct>(
 /// runs, so a refusal leaves `out` untouched.
 #[allow(clippy::too_many_arguments)]
 fn prepare<'e, W: Packed, A: bytemuck::Pod>(
-    entries: &'e [KernelEntry],
+    registry: &'e Registry,
     backend: &Backend,
     task: Task,
     dtype: DType,
@@ -517,11 +525,10 @@ fn prepare<'e, W: Packed, A: bytemuck::Pod>(
         !dtype.is_quantized() || task.quant_block == W::VALUES,
         "a task names the block size its weights are stored in"
     );
-    let choice = choose(entries, backend, task, dtype, shape, requested)?;
+    let choice = choose(registry, backend, task, dtype, shape, requested)?;
     inputs.validate(shape, out.len())?;
-    let entry = entries
-        .iter()
-        .find(|e| e.name() == choice.kernel)
-        .expect("chosen from entries");
+    let entry = registry
+        .get(&choice.kernel)
+        .expect("chosen from the registry");
     Ok((choice, entry))
 }

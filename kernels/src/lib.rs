@@ -30,7 +30,7 @@ pub use inputs::{InputError, Inputs};
 pub use moek_dsl_macros::kernel;
 pub use moek_ir as ir;
 pub use moek_ir::reference::Shape;
-pub use registry::{BlockFns, CpuFn, CpuFns, KernelEntry, QuantFns};
+pub use registry::{BlockFns, CpuFn, CpuFns, KernelEntry, QuantFns, Rank, Registry, RegistryError};
 
 /// What generated code names; not a public API.
 #[doc(hidden)]

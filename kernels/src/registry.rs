@@ -80,14 +80,24 @@ impl CpuFns {
 #[derive(Clone, Debug)]
 pub struct KernelEntry {
     ir: Kernel,
+    cpu_source: &'static str,
     pub cpu: CpuFns,
 }
 
 impl KernelEntry {
     /// Built by generated code from the IR the macro validated.
-    pub fn new(ir_json: &str, cpu: CpuFns) -> Self {
+    pub fn new(ir_json: &str, cpu_source: &'static str, cpu: CpuFns) -> Self {
         let ir = serde_json::from_str(ir_json).expect("the macro embeds valid IR JSON");
-        KernelEntry { ir, cpu }
+        KernelEntry {
+            ir,
+            cpu_source,
+            cpu,
+        }
+    }
+
+    /// The CPU variant's Rust source, as the macro generated it (empty without a CPU target).
+    pub fn cpu_source(&self) -> &'static str {
+        self.cpu_source
     }
 
     pub fn ir(&self) -> &Kernel {
@@ -96,5 +106,103 @@ impl KernelEntry {
 
     pub fn name(&self) -> &str {
         &self.ir.name
+    }
+}
+
+/// Where an entry stands among entries that serve a request equally specifically: dispatch
+/// prefers the more specific spec first (dims, bounds, schedule decisions), then the lower rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Rank(pub i64);
+
+impl fmt::Display for Rank {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rank {}", self.0)
+    }
+}
+
+/// Why entries cannot join a registry.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    #[error("two entries are named `{name}`: a variant is requested by name, so names are unique")]
+    Duplicate { name: String },
+}
+
+/// The specs dispatch chooses from, each with its [`Rank`], held in rank order. Nothing reads a
+/// global list: dispatch, the commands and the model each take a registry, so a user's specs
+/// (`kernel!` gives each block an `entries()` function) serve the model beside the built-ins.
+#[derive(Clone, Debug, Default)]
+pub struct Registry {
+    entries: Vec<(Rank, KernelEntry)>,
+}
+
+impl Registry {
+    /// No entries (dispatch then finds none eligible).
+    pub fn empty() -> Registry {
+        Registry::default()
+    }
+
+    /// The built-in specs (`crate::specs`), ranked 0, 1, ... in declaration order.
+    pub fn builtin() -> Registry {
+        static BUILTIN: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
+        BUILTIN
+            .get_or_init(|| {
+                Registry::empty()
+                    .with_ranked(crate::specs::entries(), Rank(0))
+                    .expect("built-in spec names are unique")
+            })
+            .clone()
+    }
+
+    /// This registry with `entries` ranked ahead of every entry it holds, in their order.
+    pub fn with(
+        self,
+        entries: impl IntoIterator<Item = KernelEntry>,
+    ) -> Result<Registry, RegistryError> {
+        let entries: Vec<KernelEntry> = entries.into_iter().collect();
+        let first = self.entries.first().map_or(0, |(r, _)| r.0) - entries.len() as i64;
+        self.with_ranked(entries, Rank(first))
+    }
+
+    /// This registry with `entries` at ranks `first`, `first + 1`, ... (a rank already held
+    /// keeps its entry ahead of the newcomer).
+    pub fn with_ranked(
+        mut self,
+        entries: impl IntoIterator<Item = KernelEntry>,
+        first: Rank,
+    ) -> Result<Registry, RegistryError> {
+        for (i, entry) in entries.into_iter().enumerate() {
+            if self.get(entry.name()).is_some() {
+                return Err(RegistryError::Duplicate {
+                    name: entry.name().to_string(),
+                });
+            }
+            let rank = Rank(first.0 + i as i64);
+            let at = self.entries.partition_point(|(r, _)| *r <= rank);
+            self.entries.insert(at, (rank, entry));
+        }
+        Ok(self)
+    }
+
+    /// Every entry, in rank order.
+    pub fn entries(&self) -> impl Iterator<Item = &KernelEntry> {
+        self.entries.iter().map(|(_, e)| e)
+    }
+
+    /// Every entry with its rank, in rank order.
+    pub fn ranked(&self) -> impl Iterator<Item = (Rank, &KernelEntry)> {
+        self.entries.iter().map(|(r, e)| (*r, e))
+    }
+
+    /// The entry named `name`.
+    pub fn get(&self, name: &str) -> Option<&KernelEntry> {
+        self.entries().find(|e| e.name() == name)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
     }
 }

@@ -1,10 +1,9 @@
 //! The built-in specs: the optimised decode and prefill variants at the 26B-A4B and Qwen3-30B-A3B
 //! geometries, and the general variants that serve any size and dtype. Each reads like a schedule card; docs/dsl.md
-//! documents every key. [`all`] lists them for dispatch and tools, in declaration order.
+//! documents every key. [`entries`] (generated) lists them in declaration order, the ranks
+//! `Registry::builtin` gives them.
 
 use crate::kernel;
-use crate::registry::KernelEntry;
-use std::sync::OnceLock;
 
 kernel! {
     /// Decode gate/up for one token and its eight routes. Each expert bank is cut into four
@@ -362,44 +361,4 @@ kernel! {
         targets: cpu, wgpu;
         cores:   V = 32;
     }
-}
-
-/// Every built-in spec, in declaration order.
-pub fn all() -> &'static [KernelEntry] {
-    static ALL: OnceLock<Vec<KernelEntry>> = OnceLock::new();
-    ALL.get_or_init(|| {
-        vec![
-            decode_gate_up_h704x4::entry(),
-            decode_down_cols_1024_1024_768::entry(),
-            decode_expert_ffn_blocked::entry(),
-            decode_expert_ffn_blocked_silu::entry(),
-            decode_expert_ffn_blocked_swiglu::entry(),
-            decode_expert_ffn_gate_up_blocked::entry(),
-            decode_expert_ffn_down_blocked::entry(),
-            prefill_expert_ffn_persistent::entry(),
-            decode_expert_ffn_ordinary::entry(),
-            prefill_expert_ffn_grouped::entry(),
-            qwen3_decode_expert_ffn_blocked::entry(),
-            qwen3_prefill_expert_ffn_persistent::entry(),
-            qwen3_prefill_expert_ffn_grouped::entry(),
-            general_expert_ffn_gather::entry(),
-            general_expert_ffn_grouped::entry(),
-            general_expert_ffn_gather_silu::entry(),
-            expert_ffn_blocked_quantized::entry(),
-            expert_ffn_blocked_quantized_b64::entry(),
-            general_expert_ffn_gather_quantized::entry(),
-            general_expert_ffn_gather_quantized_silu::entry(),
-            general_expert_ffn_gather_swiglu::entry(),
-            general_expert_ffn_gather_swiglu_biased::entry(),
-            general_expert_ffn_grouped_silu::entry(),
-            general_gate_up::entry(),
-            general_down::entry(),
-            general_dense_mlp::entry(),
-            general_dense_mlp_silu::entry(),
-            general_shared_experts_gated::entry(),
-            dense_mlp_26b::entry(),
-            general_lm_head_row::entry(),
-            general_lm_head_row_quantized::entry(),
-        ]
-    })
 }

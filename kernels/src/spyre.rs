@@ -2,15 +2,15 @@
 //! tensors (checkpoint layouts transposed to stick layouts, values rounded to DL16 in DL16 mode),
 //! the program runs, the output comes back with the counters and the modeled cost.
 //!
-//! The program is lowered from the spec's IR by `moek_dsl::spyre::lower`, the same function the
+//! The program is lowered from the spec's IR by `moek_lower::spyre::lower`, the same function the
 //! macro ran at compile time (where a plan that does not fit is a compile error).
 
 use crate::elem::Elem;
 use crate::inputs::{Bound, Inputs};
-use moek_dsl::spyre::lower::{self, LowerError};
 use moek_ir::Kernel;
 use moek_ir::reference::Shape;
 use moek_ir::spyre::{Program, Role};
+use moek_lower::spyre::lower::{self, LowerError};
 use moek_spyre::simulate::PhaseCounters;
 use moek_spyre::{Cost, Data, Device, Mode, SimError};
 use thiserror::Error;

@@ -1,5 +1,5 @@
 //! Running a spec's WGSL program: the program is emitted for the problem's sizes and the device
-//! (`moek_dsl::emit::wgsl`), compiled once per key, bound to the op's tensors and run.
+//! (`moek_lower::wgsl`), compiled once per key, bound to the op's tensors and run.
 //!
 //! A [`Session`] keeps weights on the device: slices registered with [`Session::keep`] are
 //! uploaded on first use and shared by every later run (prefill and decode read the same banks).
@@ -10,11 +10,11 @@
 use crate::backend::Uploaded;
 use crate::elem::Elem;
 use crate::inputs::Inputs;
-use moek_dsl::emit::wgsl::{self, WgslError};
 use moek_ir::plan::Role;
 use moek_ir::quant::Packed;
 use moek_ir::reference::Shape;
 use moek_ir::{DType, Kernel};
+use moek_lower::wgsl::{self, WgslError};
 use moek_wgpu::{GpuError, GpuTensor};
 use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;

@@ -8,9 +8,84 @@ use moek_kernels::backend::Uploaded;
 use moek_kernels::dispatch::{self, Backend, Choice, DispatchError, Task};
 use moek_kernels::elem::QuantElem;
 use moek_kernels::ir::Activation;
+use moek_kernels::ir::Op;
 use moek_kernels::ir::Target;
-use moek_kernels::{Elem, Inputs, Shape, specs};
+use moek_kernels::{Elem, Inputs, Registry, Shape};
+use std::sync::Arc;
 use thiserror::Error;
+
+/// Where a model's kernels run and what serves them: the backend, the registry dispatch chooses
+/// from (the built-ins, or a user's specs ahead of them), and a forced MoE variant.
+#[derive(Clone, Debug)]
+pub struct Kernels {
+    pub backend: Backend,
+    pub registry: Arc<Registry>,
+    /// Force this MoE variant (an ineligible one fails before any state changes).
+    pub variant: Option<String>,
+}
+
+impl Kernels {
+    /// The built-in specs on `backend`, no forced variant.
+    pub fn new(backend: Backend) -> Kernels {
+        Kernels {
+            backend,
+            registry: Arc::new(Registry::builtin()),
+            variant: None,
+        }
+    }
+
+    /// The same kernels chosen from `registry`.
+    pub fn with_registry(mut self, registry: impl Into<Arc<Registry>>) -> Kernels {
+        self.registry = registry.into();
+        self
+    }
+
+    /// The same kernels with the MoE variant `variant` forced (none for `None`).
+    pub fn with_variant(mut self, variant: Option<String>) -> Kernels {
+        self.variant = variant;
+        self
+    }
+
+    /// A forced MoE variant checked against what the model's banks ask of it (their storage
+    /// format and block size, the family's activation) at `shape`, before anything changes: a
+    /// variant that cannot serve the banks fails here, not inside layer 0 after attention has
+    /// written the KV cache.
+    pub(crate) fn check_variant<W: Float>(
+        &self,
+        banks: &Stored<'_, W>,
+        activation: Activation,
+        shape: &Shape,
+    ) -> Result<(), ModelError> {
+        let Some(name) = &self.variant else {
+            return Ok(());
+        };
+        let task = Task {
+            activation,
+            quant_block: moek_kernels::ir::quant::BLOCK,
+            ..Task::from(Op::ExpertFfn)
+        };
+        dispatch::choose(
+            &self.registry,
+            &self.backend,
+            task,
+            banks.dtype(),
+            shape,
+            Some(name),
+        )
+        .map(drop)
+        .map_err(|source| ModelError::Kernel {
+            layer: 0,
+            what: "moe",
+            source,
+        })
+    }
+}
+
+impl From<Backend> for Kernels {
+    fn from(backend: Backend) -> Kernels {
+        Kernels::new(backend)
+    }
+}
 
 #[derive(Debug, Error)]
 pub enum ModelError {
@@ -182,7 +257,7 @@ pub(crate) fn check_tokens(
 /// A layer's dense MLP on the normed rows `xn` (`[S, H]`, rounded to `W` for the kernel), its
 /// weights `[gate, up, down]` of width `f`, through dispatch with `activation`.
 pub(crate) fn dense_mlp<W: Float>(
-    backend: &Backend,
+    kernels: &Kernels,
     layer: usize,
     xn: &[f32],
     (h, f): (usize, usize),
@@ -207,7 +282,7 @@ pub(crate) fn dense_mlp<W: Float>(
     };
     let what = "dense_mlp";
     run_traced(
-        backend, layer, what, activation, &shape, &inputs, &mut out, None, trace,
+        kernels, layer, what, activation, &shape, &inputs, &mut out, None, trace,
     )?;
     Ok(out)
 }
@@ -216,7 +291,7 @@ pub(crate) fn dense_mlp<W: Float>(
 /// each row run through dispatch against `emb` (`[V, H]`), rounded to `W` beside a plain
 /// embedding, in f32 beside quantized blocks.
 pub(crate) fn head_rows<W: Float>(
-    backend: &Backend,
+    kernels: &Kernels,
     x: &[f32],
     (h, vocab): (usize, usize),
     emb: &Stored<'_, W>,
@@ -250,7 +325,7 @@ pub(crate) fn head_rows<W: Float>(
                         emb,
                         softcap,
                     };
-                    run_traced(backend, l, what, act, s, &inputs, out, None, trace)?;
+                    run_traced(kernels, l, what, act, s, &inputs, out, None, trace)?;
                 }
                 Stored::Q8_0(emb) => {
                     let hidden = row;
@@ -259,7 +334,7 @@ pub(crate) fn head_rows<W: Float>(
                         emb,
                         softcap,
                     };
-                    run_traced_quantized(backend, l, what, act, s, &inputs, out, None, trace)?;
+                    run_traced_quantized(kernels, l, what, act, s, &inputs, out, None, trace)?;
                 }
                 Stored::Q4_0(emb) => {
                     let hidden = row;
@@ -268,7 +343,7 @@ pub(crate) fn head_rows<W: Float>(
                         emb,
                         softcap,
                     };
-                    run_traced_quantized(backend, l, what, act, s, &inputs, out, None, trace)?;
+                    run_traced_quantized(kernels, l, what, act, s, &inputs, out, None, trace)?;
                 }
             }
             Ok(logits)
@@ -281,7 +356,7 @@ pub(crate) fn head_rows<W: Float>(
 /// variant never falls back.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_traced<W: Elem>(
-    backend: &Backend,
+    kernels: &Kernels,
     layer: usize,
     what: &'static str,
     activation: Activation,
@@ -298,15 +373,15 @@ pub(crate) fn run_traced<W: Elem>(
         out,
         requested,
         trace,
-        backend,
-        |on, req, out| dispatch::run_task(specs::all(), on, task, shape, inputs, out, req),
+        kernels,
+        |on, req, out| dispatch::run_task(&kernels.registry, on, task, shape, inputs, out, req),
     )
 }
 
 /// [`run_traced`] for weights in quantized blocks of `Q` (beside f32 activations).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_traced_quantized<Q: QuantElem>(
-    backend: &Backend,
+    kernels: &Kernels,
     layer: usize,
     what: &'static str,
     activation: Activation,
@@ -323,8 +398,10 @@ pub(crate) fn run_traced_quantized<Q: QuantElem>(
         out,
         requested,
         trace,
-        backend,
-        |on, req, out| dispatch::run_quantized(specs::all(), on, task, shape, inputs, out, req),
+        kernels,
+        |on, req, out| {
+            dispatch::run_quantized(&kernels.registry, on, task, shape, inputs, out, req)
+        },
     )
 }
 
@@ -333,7 +410,7 @@ pub(crate) fn run_traced_quantized<Q: QuantElem>(
 /// MoE block runs its experts through this.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn routed_experts<W: Float>(
-    backend: &Backend,
+    kernels: &Kernels,
     layer: usize,
     activation: Activation,
     shape: &Shape,
@@ -358,7 +435,7 @@ pub(crate) fn routed_experts<W: Float>(
             bias: Default::default(),
         }
     }
-    let (b, l, a, routes) = (backend, layer, activation, (idx, weights));
+    let (b, l, a, routes) = (kernels, layer, activation, (idx, weights));
     match banks {
         (Stored::Plain(gate_up), Stored::Plain(down)) => {
             let xe = to_w::<W>(x);
@@ -407,7 +484,7 @@ fn traced(
     out: &mut [f32],
     requested: Option<&str>,
     trace: &mut Vec<Trace>,
-    backend: &Backend,
+    kernels: &Kernels,
     run: impl Fn(
         &Backend,
         Option<&str>,
@@ -420,6 +497,7 @@ fn traced(
         what,
         source,
     };
+    let backend = &kernels.backend;
     let (choice, fallback, uploaded) = match run(backend, requested, out) {
         Ok((choice, ran)) => (choice, None, ran.uploaded),
         // No variant of this op serves the backend: the CPU runs it, and the record says

@@ -1,6 +1,7 @@
 //! `moek`: list, emit, check and benchmark the kernel specs (and, as it lands, run Gemma-4).
 
 use clap::{Parser, Subcommand};
+use moek_kernels::Registry;
 use moek_model::commands;
 use std::process::ExitCode;
 
@@ -60,18 +61,18 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::List => commands::list::run(),
+        Command::List => commands::list::run(&Registry::builtin()),
         Command::Emit {
             name,
             backend,
             dtype,
             f16,
-        } => commands::emit::run(&name, backend, dtype.as_deref(), f16),
+        } => commands::emit::run(&Registry::builtin(), &name, backend, dtype.as_deref(), f16),
         Command::Check {
             require,
             filter,
             full,
-        } => commands::check::run(&require, filter.as_deref(), full),
+        } => commands::check::run(&Registry::builtin(), &require, filter.as_deref(), full),
         Command::Bench(args) => commands::bench::run(&args),
         Command::Quantize(args) => commands::quantize::run(&args),
         Command::Logits(args) => commands::run::logits(&args),

@@ -21,10 +21,8 @@ fn list_prints_every_spec_name_first() {
         .lines()
         .map(|l| l.split_whitespace().next().unwrap())
         .collect();
-    let want: Vec<&str> = moek_kernels::specs::all()
-        .iter()
-        .map(|e| e.name())
-        .collect();
+    let builtin = moek_kernels::Registry::builtin();
+    let want: Vec<&str> = builtin.entries().map(|e| e.name()).collect();
     assert_eq!(names, want);
     assert!(out.contains("reduce H=704x4"), "{out}");
 }
@@ -200,8 +198,8 @@ fn check_names_what_a_cpu_driver_ran_and_prints_its_wall_time() {
     let cut = "run at T=1 H=2816 V=32768, not the spec's T=1 H=2816 V=262144";
     // A row per dtype of the plain head and the quantized one on wgpu.
     let wgpu_rows = out.lines().filter(|l| l.contains(" [wgpu] ")).count();
-    let declared: usize = moek_kernels::specs::all()
-        .iter()
+    let declared: usize = moek_kernels::Registry::builtin()
+        .entries()
         .map(|e| e.ir())
         .filter(|k| k.name.contains("general_lm_head_row") && k.targets.contains(&Target::Wgpu))
         .map(|k| k.dtypes.len())

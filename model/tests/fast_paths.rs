@@ -6,6 +6,7 @@
 
 use moek_kernels::dispatch::Backend;
 use moek_kernels::testing::uniform;
+use moek_model::forward::Kernels;
 use moek_model::gemma4::model::Model;
 use moek_model::gemma4::tiny;
 use moek_model::gemma4::weights::{
@@ -64,8 +65,7 @@ fn model<'w>(
     Model {
         cfg,
         weights,
-        backend: Backend::cpu(),
-        variant: variant.map(str::to_string),
+        kernels: Kernels::new(Backend::cpu()).with_variant(variant.map(str::to_string)),
     }
 }
 

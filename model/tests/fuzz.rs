@@ -90,13 +90,13 @@ fn run<W: moek_model::ops::Float>(ck: &Checkpoint, cfg: AnyConfig) -> Result<(),
     let logits = match cfg {
         AnyConfig::Gemma4(cfg) => {
             let w = weights::load::<W>(ck, &cfg, Residence::Mapped, |_| {}).map_err(|x| e(&x))?;
-            let m = Model::new(cfg, w, Backend::cpu(), None);
+            let m = Model::new(cfg, w, Backend::cpu());
             m.forward(&tokens, &mut Cache::default(), Head::Last, &mut vec![])
         }
         AnyConfig::Qwen3(cfg) => {
             use moek_model::qwen3;
             let w = qwen3::weights::load::<W>(ck, &cfg, Residence::Mapped, |_| {});
-            let m = qwen3::model::Model::new(cfg, w.map_err(|x| e(&x))?, Backend::cpu(), None);
+            let m = qwen3::model::Model::new(cfg, w.map_err(|x| e(&x))?, Backend::cpu());
             m.forward(&tokens, &mut Cache::default(), Head::Last, &mut vec![])
         }
     };

@@ -243,8 +243,7 @@ fn a_sharded_f16_checkpoint_loads_and_gives_the_f32_logits_closely() {
     let model = Model {
         weights: weights::load::<half::f16>(&ck, &cfg, Residence::HugePages, |_| {}).unwrap(),
         cfg,
-        backend: moek_kernels::dispatch::Backend::cpu(),
-        variant: None,
+        kernels: moek_kernels::dispatch::Backend::cpu().into(),
     };
     let rows = model
         .forward(&tokens, &mut Cache::default(), Head::All, &mut vec![])
@@ -324,8 +323,7 @@ fn logits(cfg: &Config, weights: weights::Weights<'_, half::bf16>) -> Vec<Vec<f3
     let model = Model {
         cfg: cfg.clone(),
         weights,
-        backend: moek_kernels::dispatch::Backend::cpu(),
-        variant: None,
+        kernels: moek_kernels::dispatch::Backend::cpu().into(),
     };
     model
         .forward(

@@ -2,7 +2,7 @@
 //! a window), chunked prefill, the final-row head, forced variants, the dispatch record.
 
 use moek_kernels::dispatch::Backend;
-use moek_model::forward::{Cache, CausalLm, Head, ModelError};
+use moek_model::forward::{Cache, CausalLm, Head, Kernels, ModelError};
 use moek_model::gemma4::model::Model;
 use moek_model::gemma4::tiny;
 use moek_model::generate::{Sampling, generate};
@@ -13,11 +13,11 @@ fn model(variant: Option<&str>) -> Model<'static, half::bf16> {
 
 fn model_of<W: moek_model::ops::Float>(variant: Option<&str>) -> Model<'static, W> {
     let cfg = tiny::config();
+    let kernels = Kernels::new(Backend::cpu()).with_variant(variant.map(str::to_string));
     Model {
         weights: tiny::weights(&cfg),
         cfg,
-        backend: Backend::cpu(),
-        variant: variant.map(str::to_string),
+        kernels,
     }
 }
 

@@ -62,7 +62,7 @@ fn check<W: Float>(dir: &std::path::Path, e: &Expected, backend: Backend, tol: f
     let ck = Checkpoint::open(dir).unwrap();
     let weights =
         weights::load::<W>(&ck, &cfg, moek_model::checkpoint::Residence::Mapped, |_| {}).unwrap();
-    let model = Model::new(cfg, weights, backend.clone(), None);
+    let model = Model::new(cfg, weights, backend.clone());
     let mut forward = vec![];
     let rows = model
         .forward(&e.tokens, &mut Cache::default(), Head::All, &mut forward)

@@ -46,7 +46,7 @@ fn check<W: Float>(name: &str, backend: Backend, against: &str, tol: f64) -> Vec
     let cfg = Config::load(&dir).unwrap();
     let ck = Checkpoint::open(&dir).unwrap();
     let w = weights::load::<W>(&ck, &cfg, Residence::Mapped, |_| {}).unwrap();
-    let model = Model::new(cfg, w, backend.clone(), None);
+    let model = Model::new(cfg, w, backend.clone());
     let tokens = ids(&e["tokens"]);
     let mut forward = vec![];
     let got = model

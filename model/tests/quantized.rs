@@ -81,7 +81,7 @@ fn model_on(dir: &Path, quantize: Option<Quant>, backend: Backend) -> Model<'sta
     let cfg = Config::load(dir).unwrap();
     let ck: &'static Checkpoint = Box::leak(Box::new(Checkpoint::open(dir).unwrap()));
     let w = weights::load_quantized::<f32>(ck, &cfg, Residence::Mapped, quantize, |_| {}).unwrap();
-    Model::new(cfg, w, backend, None)
+    Model::new(cfg, w, backend)
 }
 
 fn all_logits(model: &impl CausalLm, tokens: &[u32]) -> Vec<Vec<f32>> {
@@ -368,7 +368,7 @@ fn qwen3_quantized_at_load_stays_within_the_formats_bound() {
         matches!(w.head(), Stored::Q8_0(_)),
         "the untied head is quantized"
     );
-    let model = qwen3::model::Model::new(cfg, w, moek_kernels::Backend::cpu(), None);
+    let model = qwen3::model::Model::new(cfg, w, moek_kernels::Backend::cpu());
     let (rel, max) = deviation(&all_logits(&model, &tokens), &want);
     eprintln!(
         "Q8 on tiny-qwen3-moe-f32: logits rel L2 {rel:.3e} (bound 1.1e-1), max abs {max:.3e}"

@@ -11,7 +11,7 @@ const PROMPT: [u32; 11] = [2, 17, 5, 9, 33, 41, 7, 12, 3, 60, 11];
 
 fn model(backend: Backend) -> Model<'static, half::bf16> {
     let cfg = tiny::config();
-    Model::new(cfg.clone(), tiny::weights(&cfg), backend, None)
+    Model::new(cfg.clone(), tiny::weights(&cfg), backend)
 }
 
 #[test]
@@ -50,7 +50,7 @@ fn on_wgpu_weights_are_uploaded_once_and_decode_steps_send_none() {
     }
     // Without resident weights every call uploads its weights again.
     let plain = Model {
-        backend: Backend::wgpu(),
+        kernels: Backend::wgpu().into(),
         ..model(Backend::cpu())
     };
     trace.clear();

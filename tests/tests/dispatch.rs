@@ -4,7 +4,7 @@
 use moek_kernels::dispatch::{self, Backend, DispatchError, Ineligible};
 use moek_kernels::ir::{Activation, Capability, DType, Op};
 use moek_kernels::testing::Case;
-use moek_kernels::{Shape, specs};
+use moek_kernels::{Registry, Shape, specs};
 
 use moek_kernels::geometry::{DECODE, PREFILL};
 
@@ -15,7 +15,7 @@ fn run_on_cpu<W: moek_kernels::Elem>(
     requested: Option<&str>,
 ) -> Result<(dispatch::Choice, moek_kernels::backend::Ran), DispatchError> {
     dispatch::run(
-        specs::all(),
+        &Registry::builtin(),
         &Backend::cpu(),
         &case.shape,
         &case.inputs(),
@@ -25,8 +25,15 @@ fn run_on_cpu<W: moek_kernels::Elem>(
 }
 
 fn choose(op: Op, dtype: DType, shape: &Shape) -> dispatch::Choice {
-    dispatch::choose(specs::all(), &Backend::cpu(), op, dtype, shape, None)
-        .expect("some variant is eligible")
+    dispatch::choose(
+        &Registry::builtin(),
+        &Backend::cpu(),
+        op,
+        dtype,
+        shape,
+        None,
+    )
+    .expect("some variant is eligible")
 }
 
 #[test]
@@ -64,7 +71,7 @@ fn the_activation_is_part_of_what_is_asked_for() {
         quant_block: moek_kernels::ir::quant::BLOCK,
     };
     let c = dispatch::choose(
-        specs::all(),
+        &Registry::builtin(),
         &Backend::cpu(),
         silu,
         DType::Bf16,
@@ -76,7 +83,7 @@ fn the_activation_is_part_of_what_is_asked_for() {
     // In f32 the blocked SiLU variant has no variant, and no GELU one is taken for it: the
     // general SiLU one serves.
     let c = dispatch::choose(
-        specs::all(),
+        &Registry::builtin(),
         &Backend::cpu(),
         silu,
         DType::F32,
@@ -156,7 +163,7 @@ fn a_missing_capability_falls_back_and_is_recorded() {
         let target = backend.target;
         let without = backend.without(Capability::IndexedSelectionLayout);
         let c = dispatch::choose(
-            specs::all(),
+            &Registry::builtin(),
             &without,
             Op::ExpertFfn,
             DType::Bf16,
@@ -178,7 +185,7 @@ fn a_missing_capability_falls_back_and_is_recorded() {
             )
         );
         let err = dispatch::choose(
-            specs::all(),
+            &Registry::builtin(),
             &without,
             Op::ExpertFfn,
             DType::Bf16,
@@ -192,7 +199,7 @@ fn a_missing_capability_falls_back_and_is_recorded() {
     }
     // With every capability, Spyre decode takes the blocked variant.
     let c = dispatch::choose(
-        specs::all(),
+        &Registry::builtin(),
         &Backend::spyre(),
         Op::ExpertFfn,
         DType::Bf16,
@@ -209,7 +216,7 @@ fn a_spyre_run_through_dispatch_matches_the_reference_and_writes_nothing_when_re
     let mut out = vec![f32::NAN; DECODE.h];
     let without = Backend::spyre().without(Capability::IndexedSelectionLayout);
     let err = dispatch::run(
-        specs::all(),
+        &Registry::builtin(),
         &without,
         &DECODE,
         &case.inputs(),
@@ -222,7 +229,7 @@ fn a_spyre_run_through_dispatch_matches_the_reference_and_writes_nothing_when_re
         "a refused request writes nothing"
     );
     let (choice, _) = dispatch::run(
-        specs::all(),
+        &Registry::builtin(),
         &without,
         &DECODE,
         &case.inputs(),
@@ -270,7 +277,7 @@ fn an_explicit_ineligible_request_fails_before_writing_anything() {
         "nothing may be written before the request is refused"
     );
     let err = dispatch::choose(
-        specs::all(),
+        &Registry::builtin(),
         &Backend::cpu(),
         Op::ExpertFfn,
         DType::F16,
@@ -332,7 +339,7 @@ fn the_dispatched_variant_runs_and_matches_the_reference() {
 #[test]
 fn on_wgpu_prefill_falls_back_from_the_persistent_variant_and_a_forced_one_writes_nothing() {
     let c = dispatch::choose(
-        specs::all(),
+        &Registry::builtin(),
         &Backend::wgpu(),
         Op::ExpertFfn,
         DType::Bf16,
@@ -359,7 +366,7 @@ fn on_wgpu_prefill_falls_back_from_the_persistent_variant_and_a_forced_one_write
     let case = Case::<half::bf16>::new(Op::ExpertFfn, s, 3);
     let mut out = vec![f32::NAN; s.t * s.h];
     let err = dispatch::run(
-        specs::all(),
+        &Registry::builtin(),
         &Backend::wgpu(),
         &s,
         &case.inputs(),
@@ -375,7 +382,7 @@ fn on_wgpu_prefill_falls_back_from_the_persistent_variant_and_a_forced_one_write
         "a refused request writes nothing"
     );
     let (choice, _) = dispatch::run(
-        specs::all(),
+        &Registry::builtin(),
         &Backend::wgpu(),
         &s,
         &case.inputs(),
@@ -487,7 +494,7 @@ fn an_activations_parameters_are_part_of_what_is_asked_for() {
         quant_block: moek_kernels::ir::quant::BLOCK,
     };
     let c = dispatch::choose(
-        specs::all(),
+        &Registry::builtin(),
         &Backend::cpu(),
         swiglu(7.0),
         DType::Bf16,
@@ -498,7 +505,7 @@ fn an_activations_parameters_are_part_of_what_is_asked_for() {
     assert_eq!(c.kernel, "decode_expert_ffn_blocked_swiglu");
     // Another limit is another function: no spec computes it, and the refusal names both.
     let err = dispatch::choose(
-        specs::all(),
+        &Registry::builtin(),
         &Backend::cpu(),
         swiglu(5.0),
         DType::Bf16,
@@ -527,7 +534,7 @@ fn qwen3_30b_a3b_takes_its_own_blocked_and_grouped_variants() {
     };
     let pick = |shape| {
         dispatch::choose(
-            specs::all(),
+            &Registry::builtin(),
             &Backend::cpu(),
             silu,
             DType::Bf16,
@@ -559,7 +566,7 @@ fn biases_are_part_of_what_is_asked_for_and_a_spec_refuses_inputs_without_its_ow
         quant_block: moek_kernels::ir::quant::BLOCK,
     };
     let c = dispatch::choose(
-        specs::all(),
+        &Registry::builtin(),
         &Backend::cpu(),
         task,
         DType::Bf16,
@@ -594,7 +601,7 @@ fn biases_are_part_of_what_is_asked_for_and_a_spec_refuses_inputs_without_its_ow
         ..task
     };
     let err = dispatch::run_task(
-        specs::all(),
+        &Registry::builtin(),
         &Backend::cpu(),
         unbiased,
         &s,
@@ -628,7 +635,7 @@ fn an_output_gate_is_served_only_when_asked_for() {
     };
     let pick = |output_gate| {
         dispatch::choose(
-            specs::all(),
+            &Registry::builtin(),
             &Backend::cpu(),
             task(output_gate),
             DType::Bf16,
@@ -656,12 +663,12 @@ fn an_output_gate_is_served_only_when_asked_for() {
 /// computes the same function (op, activation and its parameters, biases, output gate).
 #[test]
 fn dispatch_serves_each_specs_function_with_that_function() {
-    for entry in specs::all() {
+    for entry in Registry::builtin().entries() {
         let k = entry.ir();
         let shape = moek_kernels::geometry::real_shape(k);
         let task = dispatch::Task::of(k);
         let c = dispatch::choose(
-            specs::all(),
+            &Registry::builtin(),
             &Backend::cpu(),
             task,
             k.dtypes[0],
@@ -669,7 +676,7 @@ fn dispatch_serves_each_specs_function_with_that_function() {
             None,
         )
         .unwrap_or_else(|e| panic!("{}: nothing serves its own function: {e}", k.name));
-        let chosen = specs::all().iter().find(|e| e.name() == c.kernel).unwrap();
+        let chosen = Registry::builtin().get(&c.kernel).cloned().unwrap();
         assert_eq!(
             dispatch::Task::of(chosen.ir()),
             task,
@@ -706,7 +713,7 @@ fn quantized_variants_serve_only_their_declared_block_size() {
     let mut out = vec![f32::NAN; 2816];
     let run = |task, out: &mut [f32], requested| {
         dispatch::run_quantized(
-            specs::all(),
+            &Registry::builtin(),
             &Backend::cpu(),
             task,
             &shape,
@@ -739,7 +746,7 @@ fn quantized_variants_serve_only_their_declared_block_size() {
 
     let q64 = QuantCase::<BlockQ8<2>>::new(Op::ExpertFfn, shape, 3);
     let (choice, _) = dispatch::run_quantized(
-        specs::all(),
+        &Registry::builtin(),
         &Backend::cpu(),
         of_block(64),
         &shape,

@@ -238,13 +238,13 @@ fn programs() -> &'static [serde_json::Value] {
     static PROGRAMS: OnceLock<Vec<serde_json::Value>> = OnceLock::new();
     PROGRAMS.get_or_init(|| {
         let mut out = vec![];
-        for e in moek_kernels::specs::all() {
+        for e in moek_kernels::Registry::builtin().entries() {
             let k = e.ir();
             if !k.targets.contains(&Target::Spyre) {
                 continue;
             }
             for &dtype in &k.dtypes {
-                if let Ok(p) = moek_dsl::spyre::lower::program(k, dtype) {
+                if let Ok(p) = moek_lower::spyre::lower::program(k, dtype) {
                     out.push(serde_json::to_value(&p).unwrap());
                 }
             }
@@ -276,7 +276,8 @@ fn programs() -> &'static [serde_json::Value] {
         let builtin = out.len();
         for spec in &small {
             let k = check::check(spec).unwrap();
-            let p = serde_json::to_value(moek_dsl::spyre::lower::program(&k, DType::Bf16).unwrap());
+            let p =
+                serde_json::to_value(moek_lower::spyre::lower::program(&k, DType::Bf16).unwrap());
             out.extend(std::iter::repeat_n(p.unwrap(), builtin));
         }
         out

@@ -223,6 +223,7 @@ fn the_harness_fails_an_unwritten_element() {
     }
     let entry = KernelEntry::new(
         general_down::IR_JSON,
+        general_down::CPU_SOURCE,
         CpuFns {
             f32: Some(skips_last),
             ..CpuFns::NONE
@@ -253,6 +254,7 @@ fn the_harness_fails_a_wrong_combine() {
     }
     let entry = KernelEntry::new(
         general_down::IR_JSON,
+        general_down::CPU_SOURCE,
         CpuFns {
             f32: Some(unweighted),
             ..CpuFns::NONE

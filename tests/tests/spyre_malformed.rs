@@ -1,9 +1,10 @@
 //! Programs the hardware would refuse are refused before anything runs, each with an error that
 //! names what is wrong and the numbers. The base program is the lowering of a small gather spec.
 
-use moek_dsl::{check, parse, spyre::lower};
+use moek_dsl::{check, parse};
 use moek_ir::DType;
 use moek_ir::spyre::*;
+use moek_lower::spyre::lower;
 use moek_spyre::{Data, Device, Invalid, Mode, SimError, ValidationError, simulate, validate};
 use quote::quote;
 

@@ -2,11 +2,11 @@
 //! wgpu itself uses), without an adapter: both f16 paths, and bindings cut into chunks.
 //! Running them is the generated `equivalence::wgpu_*` tests' job.
 
-use moek_dsl::emit::wgsl;
 use moek_ir::plan::{DeviceCaps, Role, Step};
 use moek_ir::{DType, Target};
-use moek_kernels::specs;
 use moek_kernels::testing::{SMALL, shape_for};
+use moek_kernels::{Registry, specs};
+use moek_lower::wgsl;
 
 fn validate(name: &str, source: &str) {
     let module = naga::front::wgsl::parse_str(source)
@@ -22,7 +22,7 @@ fn validate(name: &str, source: &str) {
 #[test]
 fn every_program_validates_in_both_f16_modes_and_when_chunked() {
     let mut checked = 0;
-    for entry in specs::all() {
+    for entry in Registry::builtin().entries() {
         let k = entry.ir();
         if !k.targets.contains(&Target::Wgpu) {
             continue;

@@ -504,10 +504,10 @@ impl<'a> Ctx<'a, '_> {
                 g, u, out, elems, ..
             } => {
                 let gated = |g, u| match sfp.activation().expect("a gated-pair op") {
-                    Activation::GeluTanh => moek_cpu::gelu_tanh(g) * u,
-                    Activation::Silu => moek_cpu::silu(g) * u,
+                    Activation::GeluTanh => moek_ir::scalar::gelu_tanh(g) * u,
+                    Activation::Silu => moek_ir::scalar::silu(g) * u,
                     Activation::SwigluClamped { limit, alpha } => {
-                        moek_cpu::swiglu_clamped(g, u, limit, alpha)
+                        moek_ir::scalar::swiglu_clamped(g, u, limit, alpha)
                     }
                 };
                 let mut o = std::mem::take(lx.get_mut(out.as_str()).expect("validated"));

@@ -2,7 +2,8 @@
 //! over [`expand`], and run-time tools (`moek list`, `moek emit`) use the same IR and emitters.
 //!
 //! Stages: [`parse`] (tokens -> [`ast`]), [`check`] (ast -> [`ir`], every error collected and
-//! spanned), [`emit`] (ir -> CPU Rust, and the module the macro expands to).
+//! spanned), [`emit`] (ir -> CPU Rust, the module each spec expands to, and the block's
+//! `entries()`).
 //! [`reference`] holds the f64 semantics of every op; [`tolerance`] the one table of limits.
 
 pub mod ast;
@@ -10,7 +11,6 @@ pub mod check;
 pub mod emit;
 pub mod errors;
 pub mod parse;
-pub mod spyre;
 
 use proc_macro2::TokenStream;
 
@@ -21,7 +21,7 @@ pub fn expand(input: TokenStream) -> TokenStream {
         Ok(specs) => specs,
         Err(err) => return err.to_compile_error(),
     };
-    specs
+    let mut out: TokenStream = specs
         .iter()
         .map(|spec| match check::check(spec) {
             Ok(kernel) => emit::module(spec, &kernel),
@@ -31,5 +31,7 @@ pub fn expand(input: TokenStream) -> TokenStream {
                 out
             }
         })
-        .collect()
+        .collect();
+    out.extend(emit::entries(&specs));
+    out
 }

@@ -105,7 +105,7 @@ fn a_fixed_stream_tile_sets_the_spyre_weight_tiles() {
             }
         })
         .unwrap();
-        let p = moek_dsl::spyre::lower::program(&k, moek_ir::DType::Bf16).unwrap();
+        let p = moek_lower::spyre::lower::program(&k, moek_ir::DType::Bf16).unwrap();
         p.phases[0]
             .body
             .iter()

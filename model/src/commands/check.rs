@@ -11,13 +11,18 @@
 
 use super::CommandError;
 use moek_kernels::dispatch::{self, Backend};
+use moek_kernels::geometry;
 use moek_kernels::ir::Target;
 use moek_kernels::testing::{self, Cases, Report};
-use moek_kernels::{geometry, specs};
 use std::process::ExitCode;
 use std::time::Instant;
 
-pub fn run(require: &[String], filter: Option<&str>, full: bool) -> Result<ExitCode, CommandError> {
+pub fn run(
+    registry: &moek_kernels::Registry,
+    require: &[String],
+    filter: Option<&str>,
+    full: bool,
+) -> Result<ExitCode, CommandError> {
     let started = Instant::now();
     for backend in require {
         match backend.as_str() {
@@ -59,8 +64,8 @@ pub fn run(require: &[String], filter: Option<&str>, full: bool) -> Result<ExitC
     let mut not_run = 0;
     // Specs of one op and size run together, so the random cases they share (a few GB each at
     // these sizes; `Cases` keeps three) are drawn once; declaration order within a size.
-    let mut entries: Vec<_> = specs::all()
-        .iter()
+    let mut entries: Vec<_> = registry
+        .entries()
         .filter(|e| filter.is_none_or(|f| e.name().contains(f)))
         .collect();
     entries.sort_by_key(|e| {
@@ -89,7 +94,7 @@ pub fn run(require: &[String], filter: Option<&str>, full: bool) -> Result<ExitC
                 // What dispatch serves a caller asking for this spec's function (op, activation,
                 // biases, output gate) at this size.
                 let task = dispatch::Task::of(k);
-                let chosen = dispatch::choose(specs::all(), backend, task, dtype, &shape, None)
+                let chosen = dispatch::choose(registry, backend, task, dtype, &shape, None)
                     .map_or_else(|e| format!("none ({e})"), |c| c.kernel);
                 let report = match cases.run(entry, backend.target, dtype, &shape, seed) {
                     Ok(report) => report,
@@ -183,7 +188,7 @@ fn tiny_model(backends: &[Backend], adapter: bool) -> bool {
             continue;
         }
         let weights = crate::gemma4::tiny::weights::<half::bf16>(&cfg);
-        let model = crate::gemma4::model::Model::new(cfg.clone(), weights, backend.clone(), None);
+        let model = crate::gemma4::model::Model::new(cfg.clone(), weights, backend.clone());
         let sampling = crate::generate::Sampling::greedy();
         let mut trace = vec![];
         match crate::generate::generate(&model, &prompt, 8, Some(4), &sampling, &[], &mut trace) {

@@ -1,21 +1,22 @@
 //! `moek emit NAME --backend B`: the generated source, from the same IR the macro validated.
 
 use super::{BackendArg, CommandError, spec};
-use moek_dsl::emit::wgsl;
 use moek_ir::plan::{DeviceCaps, Step};
 use moek_kernels::ir::DType;
+use moek_lower::wgsl;
 use std::process::ExitCode;
 
 /// The binding limit WGSL is emitted for without an adapter: lavapipe's (and WebGPU's usual).
 const BINDING_LIMIT: u64 = 128 << 20;
 
 pub fn run(
+    registry: &moek_kernels::Registry,
     name: &str,
     backend: BackendArg,
     dtype: Option<&str>,
     f16: bool,
 ) -> Result<ExitCode, CommandError> {
-    let entry = spec(name)?;
+    let entry = spec(registry, name)?;
     let ir = entry.ir();
     let target = backend.target();
     if !ir.targets.contains(&target) {
@@ -32,10 +33,10 @@ pub fn run(
         });
     }
     match backend {
-        BackendArg::Cpu => print!("{}", moek_dsl::emit::cpu_source(ir)),
+        BackendArg::Cpu => print!("{}", entry.cpu_source()),
         BackendArg::Spyre => {
             // The same lowering the macro ran; programs differ by dtype only in their `dtype`.
-            let program = moek_dsl::spyre::lower::program(ir, ir.dtypes[0]).map_err(|why| {
+            let program = moek_lower::spyre::lower::program(ir, ir.dtypes[0]).map_err(|why| {
                 CommandError::NoProgram {
                     name: name.to_string(),
                     backend: "spyre".into(),

@@ -77,11 +77,14 @@ pub enum CommandError {
     Usage(String),
 }
 
-/// The built-in spec named `name`.
-pub fn spec(name: &str) -> Result<&'static moek_kernels::KernelEntry, CommandError> {
-    moek_kernels::specs::all()
-        .iter()
-        .find(|e| e.name() == name)
+/// The spec named `name` in `registry`.
+pub fn spec(
+    registry: &moek_kernels::Registry,
+    name: &str,
+) -> Result<moek_kernels::KernelEntry, CommandError> {
+    registry
+        .get(name)
+        .cloned()
         .ok_or_else(|| CommandError::UnknownSpec {
             name: name.to_string(),
         })

@@ -3,18 +3,11 @@
 
 use super::figures::Format;
 use super::{BackendArg, CommandError};
-use crate::checkpoint::{Checkpoint, LoadError, Residence};
-use crate::config::Family;
+use crate::checkpoint::{Checkpoint, Residence};
 use crate::forward::{Cache, CausalLm, Head, Trace};
-use crate::gemma4::config::Config;
-use crate::gemma4::model::Model;
-use crate::gemma4::weights;
 use crate::generate::{Sampling, generate};
-use crate::ops::Float;
+use crate::open::Options;
 use crate::quantized::Quant;
-use crate::qwen3;
-use half::{bf16, f16};
-use safetensors::Dtype;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -53,12 +46,16 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// `--weights`, or the backend's default.
-    pub fn residence(&self) -> Residence {
-        self.weights.unwrap_or(match self.backend {
-            BackendArg::Cpu => Residence::HugePages,
-            BackendArg::Wgpu | BackendArg::Spyre => Residence::Mapped,
-        })
+    /// What `moek_model::open` is asked for: the built-in specs, the flags' backend, weights,
+    /// quantization and forced variant.
+    pub fn options(&self) -> Options {
+        Options {
+            backend: self.backend.backend(),
+            quantize: self.quantize,
+            weights: self.weights,
+            variant: self.variant.clone(),
+            ..Options::default()
+        }
     }
 }
 
@@ -150,122 +147,25 @@ fn with_model(args: &ModelArgs, job: impl Job) -> Result<ExitCode, CommandError>
             "no tokens: give --tokens (or --prompt)".into(),
         ));
     }
-    if args.model.is_file() {
-        return Err(LoadError::NotADirectory {
-            path: args.model.clone(),
-        }
-        .into());
-    }
-    // The family is config.json's `model_type`.
-    let json = crate::config::read(&args.model).map_err(LoadError::from)?;
-    let family = Family::of(&json).map_err(LoadError::from)?;
-    let ck = Checkpoint::open(&args.model)?;
-    match family {
-        Family::Gemma4 => {
-            let cfg = Config::from_json(&json).map_err(LoadError::from)?;
-            // The storage dtype is a matrix's that is never quantized (the embedding may be).
-            let names = weights::names("layers.0.self_attn.q_proj.weight");
-            let build = Gemma4 { cfg };
-            by_dtype(&ck, &names, args, build, job)
-        }
-        Family::Qwen3Moe => {
-            let cfg = qwen3::config::Config::from_json(&json).map_err(LoadError::from)?;
-            let names = vec!["model.embed_tokens.weight".to_string()];
-            by_dtype(&ck, &names, args, Qwen3 { cfg }, job)
-        }
-    }
-}
-
-/// Builds one family's model from a checkpoint, in the storage dtype `W`, and runs the job.
-trait Build {
-    fn layers(&self) -> usize;
-    fn run<W: Float>(
-        self,
-        ck: &Checkpoint,
-        args: &ModelArgs,
-        progress: impl FnMut(usize),
-        job: impl Job,
-    ) -> Result<ExitCode, CommandError>;
-}
-
-struct Gemma4 {
-    cfg: Config,
-}
-
-impl Build for Gemma4 {
-    fn layers(&self) -> usize {
-        self.cfg.layers.len()
-    }
-    fn run<W: Float>(
-        self,
-        ck: &Checkpoint,
-        args: &ModelArgs,
-        progress: impl FnMut(usize),
-        job: impl Job,
-    ) -> Result<ExitCode, CommandError> {
-        let weights =
-            weights::load_quantized::<W>(ck, &self.cfg, args.residence(), args.quantize, progress)?;
-        let eos = self.cfg.eos.clone();
-        let model = Model::new(
-            self.cfg,
-            weights,
-            args.backend.backend(),
-            args.variant.clone(),
-        );
-        job.run(&model, &eos)
-    }
-}
-
-struct Qwen3 {
-    cfg: qwen3::config::Config,
-}
-
-impl Build for Qwen3 {
-    fn layers(&self) -> usize {
-        self.cfg.layers.len()
-    }
-    fn run<W: Float>(
-        self,
-        ck: &Checkpoint,
-        args: &ModelArgs,
-        progress: impl FnMut(usize),
-        job: impl Job,
-    ) -> Result<ExitCode, CommandError> {
-        let (residence, quantize) = (args.residence(), args.quantize);
-        let weights =
-            qwen3::weights::load_quantized::<W>(ck, &self.cfg, residence, quantize, progress)?;
-        let eos = self.cfg.eos.clone();
-        let backend = args.backend.backend();
-        let model = qwen3::model::Model::new(self.cfg, weights, backend, args.variant.clone());
-        job.run(&model, &eos)
-    }
-}
-
-/// The storage dtype is that of the matrix `names`; the weights are loaded in it, under a
-/// progress bar, after checking that a copy of them fits in memory.
-fn by_dtype(
-    ck: &Checkpoint,
-    names: &[String],
-    args: &ModelArgs,
-    build: impl Build,
-    job: impl Job,
-) -> Result<ExitCode, CommandError> {
-    let residence = args.residence();
+    let options = args.options();
+    let residence = options.residence();
     // A copy needs the checkpoint's bytes in memory (its expert banks at their quantized size
     // with --quantize); a mapped checkpoint larger than memory still runs, its pages read again
     // from the file as they are needed.
-    let bytes = crate::quantized::resident_bytes(ck, args.quantize) as u64;
-    if let Some(available) = crate::limits::memory_available()
-        && residence == Residence::HugePages
-        && bytes > available
-    {
-        return Err(CommandError::Usage(format!(
-            "--weights huge-pages copies {bytes} bytes of the checkpoint into memory, but {available} \
-             bytes are available (MemAvailable, or MOEK_MEMORY_LIMIT); --weights mapped reads it \
-             in place instead (slower when it does not fit the page cache)"
-        )));
+    if residence == Residence::HugePages && !args.model.is_file() {
+        let bytes =
+            crate::quantized::resident_bytes(&Checkpoint::open(&args.model)?, args.quantize) as u64;
+        if let Some(available) = crate::limits::memory_available()
+            && bytes > available
+        {
+            return Err(CommandError::Usage(format!(
+                "--weights huge-pages copies {bytes} bytes of the checkpoint into memory, but {available} \
+                 bytes are available (MemAvailable, or MOEK_MEMORY_LIMIT); --weights mapped reads it \
+                 in place instead (slower when it does not fit the page cache)"
+            )));
+        }
     }
-    let bar = indicatif::ProgressBar::new(build.layers() as u64)
+    let bar = indicatif::ProgressBar::new(0)
         .with_style(
             indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers ({msg})")
                 .expect("a valid template"),
@@ -274,20 +174,14 @@ fn by_dtype(
             Residence::Mapped => "mapped in place",
             Residence::HugePages => "copying into huge pages",
         });
-    let progress = |n: usize| bar.set_position(n as u64);
-    let ran = match ck.dtype(names)? {
-        Dtype::BF16 => build.run::<bf16>(ck, args, progress, job),
-        Dtype::F16 => build.run::<f16>(ck, args, progress, job),
-        Dtype::F32 => build.run::<f32>(ck, args, progress, job),
-        other => Err(LoadError::DType {
-            tensor: names[0].clone(),
-            expected: "BF16, F16 or F32".into(),
-            found: format!("{other:?}"),
-        }
-        .into()),
-    };
+    let model = crate::open::open_with_progress(&args.model, &options, |n, of| {
+        bar.set_length(of as u64);
+        bar.set_position(n as u64);
+    });
     bar.finish_and_clear();
-    ran
+    let model = model?;
+    let eos = model.eos().to_vec();
+    job.run(&model, &eos)
 }
 
 /// `--explain`: one line per dispatch, to stderr; on a device backend, each step's bytes sent to

@@ -84,8 +84,8 @@ pub fn run() -> Result<ExitCode, CommandError> {
 
 /// The modeled cost of one simulated run of `name` at its fixed size (bf16).
 fn modeled(name: &str) -> Result<Modeled, CommandError> {
-    let entry = spec(name)?;
+    let entry = spec(&moek_kernels::Registry::builtin(), name)?;
     let shape = testing::shape_for(entry.ir(), &geometry::DECODE);
-    let report = testing::run_seeds(entry, Target::Spyre, DType::Bf16, &shape, &[1]).remove(0);
+    let report = testing::run_seeds(&entry, Target::Spyre, DType::Bf16, &shape, &[1]).remove(0);
     Ok(report.modeled.expect("spyre runs carry the cost model"))
 }

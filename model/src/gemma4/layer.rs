@@ -35,7 +35,7 @@ impl<W: Float> Model<'_, W> {
         // Dense MLP (a kernel).
         let m = &lw.mlp;
         let mut d = dense_mlp(
-            &self.backend,
+            &self.kernels,
             i,
             &normed(&h, hd, &lw.pre_feedforward_layernorm, eps),
             (hd, cfg.intermediate),
@@ -73,11 +73,11 @@ impl<W: Float> Model<'_, W> {
         let xn = normed(h, hd, &mw.pre_feedforward_layernorm_2, eps);
         let mut m = vec![0f32; s * hd];
         let shape = self.moe_shape(s, moe);
-        let forced = self.variant.as_deref();
+        let forced = self.kernels.variant.as_deref();
         let banks = (&mw.experts.gate_up_proj, &mw.experts.down_proj);
         let (act, routes) = (Activation::GeluTanh, (&xn[..], &idx[..], &weights[..]));
         routed_experts(
-            &self.backend,
+            &self.kernels,
             i,
             act,
             &shape,

@@ -7,11 +7,11 @@
 use super::config::{Config, Moe};
 use super::weights::Weights;
 use crate::forward::{
-    Cache, CausalLm, Head, LayerCache, ModelError, Trace, check_tokens, head_rows, step,
+    Cache, CausalLm, Head, Kernels, LayerCache, ModelError, Trace, check_tokens, head_rows, step,
 };
 use crate::ops::{Float, rms_norm};
-use moek_kernels::dispatch::{self, Backend};
-use moek_kernels::{Elem, Shape, specs};
+use moek_kernels::ir::Activation;
+use moek_kernels::{Elem, Shape};
 
 /// A model ready to run: config, weights and where its kernels run. It is `Sync`: several
 /// generations can share one loaded model from threads, each with its own [`Cache`].
@@ -19,27 +19,22 @@ use moek_kernels::{Elem, Shape, specs};
 pub struct Model<'c, W: Float> {
     pub cfg: Config,
     pub weights: Weights<'c, W>,
-    /// Where the kernels run; [`Model::new`] has it keep the weights resident on a device.
-    pub backend: Backend,
-    /// Force this MoE variant (an ineligible one fails before any state changes).
-    pub variant: Option<String>,
+    /// Where the kernels run, from which specs, and a forced MoE variant; [`Model::new`] has the
+    /// backend keep the weights resident on a device.
+    pub kernels: Kernels,
 }
 
 impl<'c, W: Float> Model<'c, W> {
     /// A model whose device backend keeps its weights resident: each is uploaded on first use
     /// and read from the device by every later step. (The weights are read-only and live as
     /// long as the model, which is what [`Backend::with_resident_weights`] asks.)
-    pub fn new(
-        cfg: Config,
-        weights: Weights<'c, W>,
-        backend: Backend,
-        variant: Option<String>,
-    ) -> Self {
+    pub fn new(cfg: Config, weights: Weights<'c, W>, kernels: impl Into<Kernels>) -> Self {
+        let mut kernels = kernels.into();
+        kernels.backend = kernels.backend.with_resident_weights();
         Model {
             cfg,
             weights,
-            backend: backend.with_resident_weights(),
-            variant,
+            kernels,
         }
     }
 }
@@ -90,21 +85,12 @@ impl<W: Float> Model<'_, W> {
         let (h, s) = (cfg.hidden, tokens.len());
         check_tokens(tokens, cache, cfg.vocab, cfg.context)?;
         // A forced variant is checked before anything changes.
-        if let (Some(name), Some(moe)) = (&self.variant, cfg.moe) {
+        let first_moe = self.weights.layers.iter().find_map(|l| l.moe.as_ref());
+        if let (Some(mw), Some(moe)) = (first_moe, cfg.moe) {
             let shape = self.moe_shape(s, moe);
-            dispatch::choose(
-                specs::all(),
-                &self.backend,
-                moek_kernels::ir::Op::ExpertFfn,
-                W::DTYPE,
-                &shape,
-                Some(name),
-            )
-            .map_err(|source| ModelError::Kernel {
-                layer: 0,
-                what: "moe",
-                source,
-            })?;
+            let banks = &mw.experts.gate_up_proj;
+            self.kernels
+                .check_variant(banks, Activation::GeluTanh, &shape)?;
         }
         let positions: Vec<usize> = (cache.len..cache.len + s).collect();
         // Embedding, scaled by sqrt(H) cast to the weight dtype (as the reference does).
@@ -126,7 +112,7 @@ impl<W: Float> Model<'_, W> {
         rms_norm(&mut x, h, Some(&self.weights.norm), cfg.eps);
         let shape = (h, cfg.vocab);
         let emb = self.weights.head();
-        head_rows(&self.backend, &x, shape, emb, cfg.softcap, head, trace)
+        head_rows(&self.kernels, &x, shape, emb, cfg.softcap, head, trace)
     }
 
     pub(super) fn moe_shape(&self, t: usize, moe: Moe) -> Shape {

@@ -6,37 +6,31 @@
 use super::config::Config;
 use super::weights::{DecoderLayer, Feedforward, SparseMoe, Weights};
 use crate::forward::{
-    Cache, CausalLm, Head, LayerCache, ModelError, Trace, check_tokens, dense_mlp, head_rows,
-    routed_experts, step,
+    Cache, CausalLm, Head, Kernels, LayerCache, ModelError, Trace, check_tokens, dense_mlp,
+    head_rows, routed_experts, step,
 };
 use crate::ops::{self, Float, linear, normed, rms_norm};
-use moek_kernels::dispatch::{self, Backend};
-use moek_kernels::ir::{Activation, Op};
-use moek_kernels::{Elem, Shape, specs};
+use moek_kernels::ir::Activation;
+use moek_kernels::{Elem, Shape};
 
 /// A Qwen3-MoE model ready to run (see [`crate::gemma4::model::Model`]: the same contract).
 #[derive(Debug)]
 pub struct Model<'c, W: Float> {
     pub cfg: Config,
     pub weights: Weights<'c, W>,
-    pub backend: Backend,
-    /// Force this MoE variant (an ineligible one fails before any state changes).
-    pub variant: Option<String>,
+    /// Where the kernels run, from which specs, and a forced MoE variant.
+    pub kernels: Kernels,
 }
 
 impl<'c, W: Float> Model<'c, W> {
     /// A model whose device backend keeps its weights resident (as Gemma-4's).
-    pub fn new(
-        cfg: Config,
-        weights: Weights<'c, W>,
-        backend: Backend,
-        variant: Option<String>,
-    ) -> Self {
+    pub fn new(cfg: Config, weights: Weights<'c, W>, kernels: impl Into<Kernels>) -> Self {
+        let mut kernels = kernels.into();
+        kernels.backend = kernels.backend.with_resident_weights();
         Model {
             cfg,
             weights,
-            backend: backend.with_resident_weights(),
-            variant,
+            kernels,
         }
     }
 
@@ -89,27 +83,13 @@ impl<W: Float> Model<'_, W> {
         let (h, s) = (cfg.hidden, tokens.len());
         check_tokens(tokens, cache, cfg.vocab, cfg.context)?;
         // A forced variant is checked before anything changes.
-        if let Some(name) = &self.variant {
-            let task = dispatch::Task {
-                op: Op::ExpertFfn,
-                activation: Activation::Silu,
-                bias: Default::default(),
-                output_gate: false,
-                quant_block: moek_kernels::ir::quant::BLOCK,
-            };
-            dispatch::choose(
-                specs::all(),
-                &self.backend,
-                task,
-                W::DTYPE,
-                &self.moe_shape(s),
-                Some(name),
-            )
-            .map_err(|source| ModelError::Kernel {
-                layer: 0,
-                what: "moe",
-                source,
-            })?;
+        let first_moe = self.weights.layers.iter().find_map(|l| match &l.mlp {
+            Feedforward::Sparse(moe) => Some(&moe.gate_up_proj),
+            Feedforward::Dense(_) => None,
+        });
+        if let Some(banks) = first_moe {
+            self.kernels
+                .check_variant(banks, Activation::Silu, &self.moe_shape(s))?;
         }
         let positions: Vec<usize> = (cache.len..cache.len + s).collect();
         let mut x: Vec<f32> = tokens
@@ -127,7 +107,7 @@ impl<W: Float> Model<'_, W> {
         rms_norm(&mut x, h, Some(&self.weights.norm), cfg.eps);
         let shape = (h, cfg.vocab);
         head_rows(
-            &self.backend,
+            &self.kernels,
             &x,
             shape,
             &self.weights.head(),
@@ -158,7 +138,7 @@ impl<W: Float> Model<'_, W> {
         let m = match &lw.mlp {
             Feedforward::Sparse(moe) => self.moe_block(i, &hn, moe, trace)?,
             Feedforward::Dense(m) => dense_mlp(
-                &self.backend,
+                &self.kernels,
                 i,
                 &hn,
                 (hd, self.cfg.intermediate),
@@ -199,11 +179,11 @@ impl<W: Float> Model<'_, W> {
         }
         let mut out = vec![0f32; s * hd];
         let shape = self.moe_shape(s);
-        let forced = self.variant.as_deref();
+        let forced = self.kernels.variant.as_deref();
         let banks = (&moe.gate_up_proj, &moe.down_proj);
         let (act, routes) = (Activation::Silu, (hn, &idx[..], &weights[..]));
         routed_experts(
-            &self.backend,
+            &self.kernels,
             i,
             act,
             &shape,

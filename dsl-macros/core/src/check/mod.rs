@@ -3,13 +3,15 @@
 //! on a bad entry: it records the error and goes on.
 //!
 //! One module per rule group: [`entries`] (keys and their values), [`dims`], [`schedule`]
-//! (selection, blocks, core splits, groups, loops, tiles), [`quant`] (quantized weights). Each target's own rules live beside its
-//! emitter or lowering (`crate::spyre::rules`, `crate::emit::wgsl::rules`).
+//! (selection, blocks, core splits, groups, loops, tiles), [`quant`] (quantized weights), and
+//! one per target ([`spyre`], [`wgpu`]) over that target's lowering in `moek_lower`.
 
 mod dims;
 mod entries;
 mod quant;
 mod schedule;
+mod spyre;
+mod wgpu;
 
 use schedule::BlockKind;
 

@@ -2,7 +2,6 @@
 //! its dispatch entry and its generated equivalence tests.
 
 pub mod cpu;
-pub mod wgsl;
 
 use crate::ast::Spec;
 use moek_ir::{Kernel, Target};
@@ -19,6 +18,11 @@ pub fn module(spec: &Spec, k: &Kernel) -> TokenStream {
         TokenStream::new()
     };
     let cpu_fns = cpu_fns(k);
+    let cpu_src = if k.targets.contains(&Target::Cpu) {
+        cpu_source(k)
+    } else {
+        String::new()
+    };
     let tests = tests(k);
     quote! {
         #(#attrs)*
@@ -26,14 +30,30 @@ pub fn module(spec: &Spec, k: &Kernel) -> TokenStream {
             /// The validated IR of this spec, as JSON (what `moek list` and `moek emit` read).
             pub const IR_JSON: &str = #json;
 
+            /// The CPU variant's source as the macro generated it (`moek emit --backend cpu`
+            /// prints it; empty when the spec does not target the CPU).
+            pub const CPU_SOURCE: &str = #cpu_src;
+
             /// This spec's IR and variants, for dispatch.
             pub fn entry() -> ::moek_kernels::__private::KernelEntry {
-                ::moek_kernels::__private::KernelEntry::new(IR_JSON, #cpu_fns)
+                ::moek_kernels::__private::KernelEntry::new(IR_JSON, CPU_SOURCE, #cpu_fns)
             }
 
             ::moek_kernels::__private::if_cpu! { #cpu_fn }
 
             #tests
+        }
+    }
+}
+
+/// The block's `entries()`: every spec of one `kernel!` invocation, in declaration order, for
+/// `moek_kernels::Registry::with`.
+pub fn entries(specs: &[Spec]) -> TokenStream {
+    let names = specs.iter().map(|s| &s.name);
+    quote! {
+        /// Every spec of this `kernel!` block, in declaration order (a registry ranks them so).
+        pub fn entries() -> ::std::vec::Vec<::moek_kernels::__private::KernelEntry> {
+            ::std::vec![#(#names::entry()),*]
         }
     }
 }
@@ -46,6 +66,7 @@ pub fn stub(spec: &Spec) -> TokenStream {
         #(#attrs)*
         #vis mod #name {
             pub const IR_JSON: &str = "";
+            pub const CPU_SOURCE: &str = "";
             pub fn entry() -> ::moek_kernels::__private::KernelEntry {
                 unreachable!("this spec did not compile")
             }
@@ -131,7 +152,8 @@ fn tests(k: &Kernel) -> TokenStream {
     }
 }
 
-/// The CPU variant of `k` as formatted Rust source (`moek emit NAME --backend cpu`).
+/// The CPU variant of `k` as formatted Rust source, embedded in the spec's entry for `moek emit
+/// NAME --backend cpu` (so the run time needs no parser to print it).
 pub fn cpu_source(k: &Kernel) -> String {
     let tokens = cpu::function(k);
     match syn::parse2::<syn::File>(tokens.clone()) {

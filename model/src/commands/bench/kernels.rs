@@ -92,9 +92,10 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, CommandError> {
 /// Runs every measurement once, in a fixed order.
 pub fn measure(iters: usize) -> Result<Figures, CommandError> {
     let threads = rayon::current_num_threads();
-    let decode = spec("decode_expert_ffn_blocked")?;
-    let unblocked = spec("general_expert_ffn_gather")?;
-    let prefill = spec("prefill_expert_ffn_grouped")?;
+    let builtin = moek_kernels::Registry::builtin();
+    let decode = spec(&builtin, "decode_expert_ffn_blocked")?;
+    let unblocked = spec(&builtin, "general_expert_ffn_gather")?;
+    let prefill = spec(&builtin, "prefill_expert_ffn_grouped")?;
 
     let shape = geometry::DECODE;
     let mut case = Case::<bf16>::new(Op::ExpertFfn, shape, 1);

@@ -199,7 +199,7 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
             let quant = args.dtype.or(args.quantize);
             let work = Work::gemma4(&cfg, PROMPT, quant);
             let vocab = cfg.vocab;
-            let model = Model::new(cfg, weights, args.backend.backend(), None);
+            let model = Model::new(cfg, weights, args.backend.backend());
             timed(args, "26b-a4b", layers, &model, vocab, weights_bytes, work)
         }
         Geometry::Qwen3_30bA3b => {
@@ -221,7 +221,7 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
             let weights_bytes = weights.bytes() as u64;
             let work = Work::qwen3(&cfg, PROMPT);
             let vocab = cfg.vocab;
-            let model = crate::qwen3::model::Model::new(cfg, weights, args.backend.backend(), None);
+            let model = crate::qwen3::model::Model::new(cfg, weights, args.backend.backend());
             timed(
                 args,
                 "qwen3-30b-a3b",

@@ -7,10 +7,10 @@ use crate::commands::CommandError;
 use crate::commands::figures::{Format, median, print_json};
 use half::bf16;
 use moek_kernels::dispatch::{self, Backend};
+use moek_kernels::geometry;
 use moek_kernels::ir::{DType, Op};
 use moek_kernels::testing::{Case, routes};
 use moek_kernels::wgpu::Session;
-use moek_kernels::{geometry, specs};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -58,18 +58,12 @@ fn backend_error(e: impl std::fmt::Display) -> CommandError {
 
 pub fn measure(iters: usize) -> Result<GpuFigures, CommandError> {
     let backend = Backend::wgpu();
+    let builtin = moek_kernels::Registry::builtin();
     let choose = |shape: &moek_kernels::Shape| {
-        dispatch::choose(
-            specs::all(),
-            &backend,
-            Op::ExpertFfn,
-            DType::Bf16,
-            shape,
-            None,
-        )
+        dispatch::choose(&builtin, &backend, Op::ExpertFfn, DType::Bf16, shape, None)
     };
-    let decode = crate::commands::spec(&choose(&geometry::DECODE)?.kernel)?;
-    let prefill = crate::commands::spec(&choose(&geometry::PREFILL)?.kernel)?;
+    let decode = crate::commands::spec(&builtin, &choose(&geometry::DECODE)?.kernel)?;
+    let prefill = crate::commands::spec(&builtin, &choose(&geometry::PREFILL)?.kernel)?;
     let shape = geometry::DECODE;
     let mut case = Case::<bf16>::new(Op::ExpertFfn, shape, 1);
     let w1 = std::mem::take(case.param_mut("gate_up"));

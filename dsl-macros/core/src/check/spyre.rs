@@ -1,10 +1,10 @@
-//! The compile rules of specs that target Spyre, beside its lowering.
+//! The compile rules of specs that target Spyre (its resource model and lowering: `moek_lower::spyre`).
 
 use crate::ast::*;
 use crate::check::{Checker, Parsed};
-use crate::spyre;
 use moek_ir::spyre::{CORES, LX_BUDGET, STICK_ELEMS};
 use moek_ir::*;
+use moek_lower::spyre;
 
 impl Checker {
     /// Rules for specs that target Spyre: programs are fixed at macro time, edges fall on sticks,

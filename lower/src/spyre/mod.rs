@@ -3,7 +3,6 @@
 //! lowering of a spec to a program ([`lower`]). The program format is `moek_ir::spyre`.
 
 pub mod lower;
-mod rules;
 
 use moek_ir::spyre::{ACC_BYTES, ELEM_BYTES};
 use moek_ir::{DimName, Kernel, Op, Phase};

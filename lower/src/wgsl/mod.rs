@@ -30,7 +30,6 @@ use moek_ir::{DType, Kernel, Op, Phase, Selection};
 use std::fmt::Write;
 
 mod ops;
-mod rules;
 mod source;
 mod sums;
 mod tensors;

@@ -1,4 +1,4 @@
-//! The compile rules of specs that target wgpu, beside the emitter.
+//! The compile rules of specs that target wgpu (its emitter: `moek_lower::wgsl`).
 
 use moek_ir::{Kernel, Selection};
 

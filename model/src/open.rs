@@ -1,0 +1,233 @@
+//! Opening a checkpoint of any family as a model that runs: [`open`] reads config.json's
+//! `model_type`, finds the family in [`FAMILIES`] (one row a family), loads the weights in the
+//! checkpoint's storage dtype and returns a [`Model`] that runs forward and generation and records,
+//! per step, which variant ran and why. The `moek` commands are users of it.
+
+use crate::checkpoint::{Checkpoint, LoadError, Residence};
+use crate::config::Family;
+use crate::forward::{Cache, CausalLm, Head, Kernels, ModelError, Trace};
+use crate::quantized::Quant;
+use crate::{gemma4, qwen3};
+use half::{bf16, f16};
+use moek_kernels::{Backend, Registry};
+use safetensors::Dtype;
+use serde_json::Value;
+use std::path::Path;
+use std::sync::Arc;
+
+/// How to open a model: where its kernels run and from which specs, how its weights are held.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub backend: Backend,
+    /// The specs dispatch chooses from (`Registry::builtin()`, or a user's ahead of them).
+    pub registry: Arc<Registry>,
+    /// Quantize the expert banks (and the embedding) to these blocks as they are loaded.
+    pub quantize: Option<Quant>,
+    /// Where the weight matrices live (`None`: huge pages on the CPU, mapped elsewhere).
+    pub weights: Option<Residence>,
+    /// Force this MoE variant; one that cannot serve the model fails before any state changes.
+    pub variant: Option<String>,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            backend: Backend::cpu(),
+            registry: Arc::new(Registry::builtin()),
+            quantize: None,
+            weights: None,
+            variant: None,
+        }
+    }
+}
+
+impl Options {
+    /// `weights`, or the backend's default: huge pages on the CPU (streamed 4 KiB pages are
+    /// slow on some machines), mapped on a device backend, whose kernels read what they uploaded.
+    pub fn residence(&self) -> Residence {
+        self.weights
+            .unwrap_or(match self.backend.target == moek_kernels::ir::Target::Cpu {
+                true => Residence::HugePages,
+                false => Residence::Mapped,
+            })
+    }
+
+    fn kernels(&self) -> Kernels {
+        Kernels::new(self.backend.clone())
+            .with_registry(self.registry.clone())
+            .with_variant(self.variant.clone())
+    }
+}
+
+/// A family's loaded model, borrowing the checkpoint it was read from.
+pub type Loaded<'c> = Box<dyn CausalLm + Send + Sync + 'c>;
+
+/// One family: the `model_type`s that name it, the tensor whose dtype is the model's storage
+/// dtype (one never quantized), its layer count, stop tokens, and how its model is built.
+#[derive(Debug)]
+pub struct FamilyRow {
+    pub family: Family,
+    pub dtype_tensor: fn() -> Vec<String>,
+    pub layers: fn(&Value) -> Result<usize, LoadError>,
+    pub eos: fn(&Value) -> Result<Vec<u32>, LoadError>,
+    pub load: for<'c> fn(
+        &'c Checkpoint,
+        &Value,
+        &Options,
+        Dtype,
+        &mut dyn FnMut(usize),
+    ) -> Result<Loaded<'c>, LoadError>,
+}
+
+/// `$body` with `$w` the element type of the safetensors dtype `$dtype`.
+macro_rules! by_dtype {
+    ($dtype:expr, $w:ident => $body:expr) => {
+        match $dtype {
+            Dtype::BF16 => Ok({
+                type $w = bf16;
+                $body
+            }),
+            Dtype::F16 => Ok({
+                type $w = f16;
+                $body
+            }),
+            Dtype::F32 => Ok({
+                type $w = f32;
+                $body
+            }),
+            other => unreachable!("storage dtype {other:?} was checked by `open`"),
+        }
+    };
+}
+
+/// Every family moek runs, one row each.
+pub const FAMILIES: &[FamilyRow] = &[
+    FamilyRow {
+        family: Family::Gemma4,
+        dtype_tensor: || gemma4::weights::names("layers.0.self_attn.q_proj.weight"),
+        layers: |v| Ok(gemma4::config::Config::from_json(v)?.layers.len()),
+        eos: |v| Ok(gemma4::config::Config::from_json(v)?.eos),
+        load: |ck, v, o, dtype, progress| {
+            let cfg = gemma4::config::Config::from_json(v)?;
+            by_dtype!(dtype, W => {
+                let w = gemma4::weights::load_quantized::<W>(ck, &cfg, o.residence(), o.quantize, progress)?;
+                Box::new(gemma4::model::Model::new(cfg, w, o.kernels()))
+            })
+        },
+    },
+    FamilyRow {
+        family: Family::Qwen3Moe,
+        dtype_tensor: || vec!["model.embed_tokens.weight".to_string()],
+        layers: |v| Ok(qwen3::config::Config::from_json(v)?.layers.len()),
+        eos: |v| Ok(qwen3::config::Config::from_json(v)?.eos),
+        load: |ck, v, o, dtype, progress| {
+            let cfg = qwen3::config::Config::from_json(v)?;
+            by_dtype!(dtype, W => {
+                let w = qwen3::weights::load_quantized::<W>(ck, &cfg, o.residence(), o.quantize, progress)?;
+                Box::new(qwen3::model::Model::new(cfg, w, o.kernels()))
+            })
+        },
+    },
+];
+
+self_cell::self_cell!(
+    struct Cell {
+        owner: Checkpoint,
+        #[covariant]
+        dependent: Loaded,
+    }
+);
+
+/// A model opened from a checkpoint directory: it owns the checkpoint (its memory maps) and the
+/// model read from it, and runs as any [`CausalLm`].
+pub struct Model {
+    cell: Cell,
+    family: Family,
+    eos: Vec<u32>,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("family", &self.family)
+            .field("eos", &self.eos)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Model {
+    pub fn family(&self) -> Family {
+        self.family
+    }
+
+    /// config.json's stop tokens.
+    pub fn eos(&self) -> &[u32] {
+        &self.eos
+    }
+}
+
+impl CausalLm for Model {
+    fn context(&self) -> usize {
+        self.cell.borrow_dependent().context()
+    }
+
+    fn cache_bytes(&self, positions: usize) -> u64 {
+        self.cell.borrow_dependent().cache_bytes(positions)
+    }
+
+    fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut Cache,
+        head: Head,
+        trace: &mut Vec<Trace>,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.cell
+            .borrow_dependent()
+            .forward(tokens, cache, head, trace)
+    }
+}
+
+/// Opens the checkpoint directory `dir` (config.json and safetensors) of any family in
+/// [`FAMILIES`], by its `model_type`.
+pub fn open(dir: &Path, options: &Options) -> Result<Model, LoadError> {
+    open_with_progress(dir, options, |_, _| {})
+}
+
+/// [`open`], reporting `(layers loaded, layers)` as it goes.
+pub fn open_with_progress(
+    dir: &Path,
+    options: &Options,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<Model, LoadError> {
+    if dir.is_file() {
+        return Err(LoadError::NotADirectory {
+            path: dir.to_path_buf(),
+        });
+    }
+    let json = crate::config::read(dir)?;
+    let family = Family::of(&json)?;
+    let row = FAMILIES
+        .iter()
+        .find(|r| r.family == family)
+        .expect("every family has a row");
+    let layers = (row.layers)(&json)?;
+    let eos = (row.eos)(&json)?;
+    let ck = Checkpoint::open(dir)?;
+    // The storage dtype is that of a matrix that is never quantized.
+    let names = (row.dtype_tensor)();
+    let dtype = match ck.dtype(&names)? {
+        d @ (Dtype::BF16 | Dtype::F16 | Dtype::F32) => d,
+        other => {
+            return Err(LoadError::DType {
+                tensor: names[0].clone(),
+                expected: "BF16, F16 or F32".into(),
+                found: format!("{other:?}"),
+            });
+        }
+    };
+    let cell = Cell::try_new(ck, |ck| {
+        (row.load)(ck, &json, options, dtype, &mut |n| progress(n, layers))
+    })?;
+    Ok(Model { cell, family, eos })
+}
