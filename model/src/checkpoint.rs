@@ -324,6 +324,12 @@ impl Checkpoint {
             })
     }
 
+    /// Tensor `name` as stored: its dtype, shape and bytes.
+    pub fn raw(&self, name: &str) -> Option<(Dtype, &[usize], &[u8])> {
+        let e = self.entries.get(name)?;
+        Some((e.dtype, &e.shape, &self.shards[e.shard].1[e.bytes.clone()]))
+    }
+
     /// Whether any of `names` is present.
     pub fn has(&self, names: &[String]) -> bool {
         names.iter().any(|n| self.entries.contains_key(n.as_str()))
@@ -400,14 +406,38 @@ impl Checkpoint {
         parts: &[(Vec<String>, Vec<usize>)],
         residence: Residence,
     ) -> Result<Vec<W>, LoadError> {
+        self.gather_with(parts, residence, |names, shape| {
+            self.tensor::<W>(names, shape)
+        })
+    }
+
+    /// [`Checkpoint::gather`] for parts stored in blocks of `Q` (each part's `shape` in values):
+    /// a quantized checkpoint of a family whose banks are per-expert tensors.
+    pub fn gather_blocks<Q: Quantized>(
+        &self,
+        parts: &[(Vec<String>, Vec<usize>)],
+        residence: Residence,
+    ) -> Result<Vec<Q>, LoadError> {
+        self.gather_with(parts, residence, |names, shape| {
+            self.blocks::<Q>(names, shape, Residence::Mapped)
+        })
+    }
+
+    /// The parts as `read` finds them (shape and dtype checked), concatenated.
+    fn gather_with<'a, T: bytemuck::Pod>(
+        &'a self,
+        parts: &[(Vec<String>, Vec<usize>)],
+        residence: Residence,
+        read: impl Fn(&[String], &[usize]) -> Result<Cow<'a, [T]>, LoadError>,
+    ) -> Result<Vec<T>, LoadError> {
         // Every part is found, its shape and dtype checked, before anything is copied.
         let mapped = parts
             .iter()
-            .map(|(names, shape)| Ok((self.tensor::<W>(names, shape)?, self.find(names)?.1)))
+            .map(|(names, shape)| Ok((read(names, shape)?, self.find(names)?.1)))
             .collect::<Result<Vec<_>, LoadError>>()?;
         let total = mapped.iter().map(|(part, _)| part.len()).sum();
         let mut out = match residence {
-            Residence::HugePages => moek_cpu::memory::huge_capacity::<W>(total),
+            Residence::HugePages => moek_cpu::memory::huge_capacity::<T>(total),
             Residence::Mapped => Vec::with_capacity(total),
         };
         for (part, e) in mapped {

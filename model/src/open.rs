@@ -70,6 +70,9 @@ pub struct FamilyRow {
     pub dtype_tensor: fn() -> Vec<String>,
     pub layers: fn(&Value) -> Result<usize, LoadError>,
     pub eos: fn(&Value) -> Result<Vec<u32>, LoadError>,
+    /// Whether the checkpoint tensor `name` is one `--quantize` and `moek quantize` put in
+    /// blocks (the expert banks, and the largest matrices the family's loader reads as blocks).
+    pub quantized: fn(&str) -> bool,
     pub load: for<'c> fn(
         &'c Checkpoint,
         &Value,
@@ -107,6 +110,7 @@ pub const FAMILIES: &[FamilyRow] = &[
         dtype_tensor: || gemma4::weights::names("layers.0.self_attn.q_proj.weight"),
         layers: |v| Ok(gemma4::config::Config::from_json(v)?.layers.len()),
         eos: |v| Ok(gemma4::config::Config::from_json(v)?.eos),
+        quantized: crate::quantized::quantized_tensor,
         load: |ck, v, o, dtype, progress| {
             let cfg = gemma4::config::Config::from_json(v)?;
             by_dtype!(dtype, W => {
@@ -120,6 +124,7 @@ pub const FAMILIES: &[FamilyRow] = &[
         dtype_tensor: || vec!["model.embed_tokens.weight".to_string()],
         layers: |v| Ok(qwen3::config::Config::from_json(v)?.layers.len()),
         eos: |v| Ok(qwen3::config::Config::from_json(v)?.eos),
+        quantized: qwen3::weights::quantized_tensor,
         load: |ck, v, o, dtype, progress| {
             let cfg = qwen3::config::Config::from_json(v)?;
             by_dtype!(dtype, W => {
@@ -188,6 +193,14 @@ impl CausalLm for Model {
     }
 }
 
+/// The row of `family`.
+pub fn family(family: Family) -> &'static FamilyRow {
+    FAMILIES
+        .iter()
+        .find(|r| r.family == family)
+        .expect("every family has a row")
+}
+
 /// Opens the checkpoint directory `dir` (config.json and safetensors) of any family in
 /// [`FAMILIES`], by its `model_type`.
 pub fn open(dir: &Path, options: &Options) -> Result<Model, LoadError> {
@@ -207,10 +220,7 @@ pub fn open_with_progress(
     }
     let json = crate::config::read(dir)?;
     let family = Family::of(&json)?;
-    let row = FAMILIES
-        .iter()
-        .find(|r| r.family == family)
-        .expect("every family has a row");
+    let row = self::family(family);
     let layers = (row.layers)(&json)?;
     let eos = (row.eos)(&json)?;
     let ck = Checkpoint::open(dir)?;

@@ -7,19 +7,26 @@
 //! Attention, the dense MLP and the router stay in the model's element type; norms and scales
 //! stay f32.
 
-use crate::checkpoint::{Checkpoint, LoadError, Residence};
+use crate::checkpoint::{Checkpoint, LoadError, QUANTIZATION_KEY, Residence, block_shape};
+use half::{bf16, f16};
 use moek_kernels::Elem;
 use moek_kernels::ir::DType;
 use moek_kernels::ir::quant::{BLOCK, BlockQ4_0, BlockQ8_0, Quantized};
 use rayon::prelude::*;
+use safetensors::Dtype;
+use safetensors::tensor::TensorView;
 use std::borrow::Cow;
+use std::path::Path;
 
-/// A quantized weight format, as `--quantize` and `--dtype` name it.
+/// A quantized weight format, as `--quantize` and `--dtype` name it: spelled as specs spell the
+/// dtype (`q8_0`, `q4_0`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Quant {
     /// Q8_0: 8-bit values and an f16 scale per 32 (8.5 bits a weight).
+    #[value(name = "q8_0")]
     Q8,
     /// Q4_0: 4-bit values and an f16 scale per 32 (4.5 bits a weight).
+    #[value(name = "q4_0")]
     Q4,
 }
 
@@ -138,6 +145,78 @@ pub fn resident_bytes(ck: &Checkpoint, quantize: Option<Quant>) -> usize {
 /// these through `Source::bank`).
 pub fn quantized_tensor(name: &str) -> bool {
     name.contains(".experts.") || name.ends_with("embed_tokens.weight") || name == "lm_head.weight"
+}
+
+/// `ck` written to `path` as one safetensors file: every tensor `quantized(name)` picks (a
+/// family's choice, `open::FamilyRow::quantized`) in `quant`'s blocks, a `u8` tensor of
+/// [`block_shape`]; every other tensor as it is stored; the format named in the metadata
+/// ([`QUANTIZATION_KEY`]). One writer for every family: each family's loader reads its
+/// quantized tensors by the names they had.
+pub fn write_quantized(
+    ck: &Checkpoint,
+    quantized: fn(&str) -> bool,
+    quant: Quant,
+    path: &Path,
+) -> Result<(), LoadError> {
+    fn blocks_of<Q: Quantized>(
+        ck: &Checkpoint,
+        name: &str,
+        dtype: Dtype,
+        shape: &[usize],
+    ) -> Result<Vec<u8>, LoadError> {
+        let key = [name.to_string()];
+        let blocks: Vec<Q> = match dtype {
+            Dtype::BF16 => ck.quantize::<bf16, Q>(&key, shape)?,
+            Dtype::F16 => ck.quantize::<f16, Q>(&key, shape)?,
+            _ => ck.quantize::<f32, Q>(&key, shape)?,
+        };
+        Ok(bytemuck::cast_slice(&blocks).to_vec())
+    }
+    let mut names: Vec<&str> = ck.sizes().map(|(name, _, _)| name).collect();
+    names.sort_unstable();
+    let mut quantized_bytes = vec![];
+    for &name in &names {
+        let (dtype, shape, _) = ck.raw(name).expect("a listed tensor");
+        let plain = matches!(dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32);
+        if quantized(name) && plain && shape.len() >= 2 {
+            let (bytes, shape) = match quant {
+                Quant::Q8 => (
+                    blocks_of::<BlockQ8_0>(ck, name, dtype, shape)?,
+                    block_shape::<BlockQ8_0>(shape),
+                ),
+                Quant::Q4 => (
+                    blocks_of::<BlockQ4_0>(ck, name, dtype, shape)?,
+                    block_shape::<BlockQ4_0>(shape),
+                ),
+            };
+            quantized_bytes.push((name, shape, bytes));
+        }
+    }
+    let format = |why: String| LoadError::Format {
+        path: path.to_path_buf(),
+        why,
+    };
+    let view = |name: &str, dtype, shape: Vec<usize>, bytes| {
+        TensorView::new(dtype, shape, bytes)
+            .map_err(|e| format(format!("`{name}` cannot be written: {e}")))
+    };
+    let mut views = vec![];
+    for &name in &names {
+        match quantized_bytes.iter().find(|(n, _, _)| *n == name) {
+            Some((_, shape, bytes)) => {
+                views.push((name, view(name, Dtype::U8, shape.clone(), bytes)?))
+            }
+            None => {
+                let (dtype, shape, bytes) = ck.raw(name).expect("a listed tensor");
+                views.push((name, view(name, dtype, shape.to_vec(), bytes)?));
+            }
+        }
+    }
+    let metadata = std::collections::HashMap::from([(
+        QUANTIZATION_KEY.to_string(),
+        quant.dtype().name().to_string(),
+    )]);
+    safetensors::serialize_to_file(views, Some(metadata), path).map_err(|e| format(e.to_string()))
 }
 
 /// `values` (whole blocks) quantized block by block in parallel, into huge pages (the banks are

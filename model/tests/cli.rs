@@ -454,9 +454,9 @@ fn the_model_bench_prints_the_fields_scripts_check() {
     let traced = ["lm_head", "moe", "dense_mlp"];
     let bf16 = model_bench("26b-a4b", &traced, &[]);
     assert!(bf16["quantized"].is_null(), "{bf16}");
-    // `--dtype q4`: the same keys, the experts and the embedding counted as stored (4.5 bits a
+    // `--dtype q4_0`: the same keys, the experts and the embedding counted as stored (4.5 bits a
     // weight against 16: what a step reads and what is held shrink to less than half).
-    let q4 = model_bench("26b-a4b", &traced, &["--dtype", "q4"]);
+    let q4 = model_bench("26b-a4b", &traced, &["--dtype", "q4_0"]);
     assert_eq!(q4["quantized"], "q4_0");
     for key in [
         "bytes_per_decode_step",

@@ -237,7 +237,7 @@ fn a_quantized_checkpoint_loads_as_quantizing_at_load() {
         "--model",
         src.to_str().unwrap(),
         "--dtype",
-        "q4",
+        "q4_0",
         "--out",
         dir,
     ]);
@@ -259,7 +259,7 @@ fn a_quantized_checkpoint_loads_as_quantizing_at_load() {
         "--model",
         src.to_str().unwrap(),
         "--dtype",
-        "q8",
+        "q8_0",
         "--out",
         dir,
     ]);
@@ -282,7 +282,7 @@ fn bad_quantized_checkpoints_are_named_errors() {
         "--model",
         src.to_str().unwrap(),
         "--dtype",
-        "q8",
+        "q8_0",
         "--out",
         out.0.to_str().unwrap(),
     ]);
@@ -327,7 +327,7 @@ fn quantize_at_load_runs_the_quantized_variants() {
         "--tokens",
         "5,6,7",
         "--quantize",
-        "q8",
+        "q8_0",
         "--explain",
     ]);
     assert!(
@@ -374,4 +374,77 @@ fn qwen3_quantized_at_load_stays_within_the_formats_bound() {
         "Q8 on tiny-qwen3-moe-f32: logits rel L2 {rel:.3e} (bound 1.1e-1), max abs {max:.3e}"
     );
     assert!(rel <= 0.11, "logits rel L2 {rel:.3e}");
+}
+
+/// A forced variant that serves the model's dtype but not its quantized banks fails before the
+/// forward changes anything: no KV cache is written (it once failed inside layer 0's MoE, after
+/// attention had appended to the cache).
+#[test]
+fn a_forced_plain_variant_over_quantized_banks_fails_before_the_cache_changes() {
+    let options = moek_model::Options {
+        quantize: Some(Quant::Q8),
+        variant: Some("general_expert_ffn_gather".into()),
+        weights: Some(Residence::Mapped),
+        ..moek_model::Options::default()
+    };
+    let model = moek_model::open(&fixture(), &options).expect("the fixture opens");
+    let (mut cache, mut trace) = (Cache::default(), vec![]);
+    let err = model
+        .forward(&[2, 17, 5], &mut cache, Head::Last, &mut trace)
+        .expect_err("the variant has no q8_0 variant");
+    let msg = err.to_string();
+    assert!(msg.contains("general_expert_ffn_gather"), "{msg}");
+    assert!(msg.contains("q8_0"), "{msg}");
+    assert_eq!(cache.len, 0);
+    assert!(
+        cache
+            .layers
+            .iter()
+            .all(|l| l.pos.is_empty() && l.k.is_empty()),
+        "the KV cache was written before the refusal"
+    );
+    assert!(trace.is_empty(), "nothing ran: {trace:?}");
+}
+
+/// `moek quantize` serves Qwen3-MoE too: each expert's matrices and the untied head are written
+/// in blocks, gathered into banks at load as they are, and the checkpoint computes the logits of
+/// quantizing at load bit for bit.
+#[test]
+fn a_quantized_qwen3_checkpoint_loads_as_quantizing_at_load() {
+    let out = Scratch::new("qwen3");
+    let (src, v) = common::fixture("tiny-qwen3-moe-f32");
+    let run = moek(&[
+        "quantize",
+        "--model",
+        src.to_str().unwrap(),
+        "--dtype",
+        "q8_0",
+        "--out",
+        out.0.to_str().unwrap(),
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let ck = Checkpoint::open(&out.0).unwrap();
+    assert_eq!(
+        ck.quantized(&["lm_head.weight".into()]),
+        Some(moek_kernels::ir::DType::Q8_0)
+    );
+    let expert = "model.layers.1.mlp.experts.0.gate_proj.weight".to_string();
+    assert_eq!(ck.quantized(&[expert]), Some(moek_kernels::ir::DType::Q8_0));
+    let open = |dir: &Path, quantize| {
+        let options = moek_model::Options {
+            quantize,
+            weights: Some(Residence::Mapped),
+            ..moek_model::Options::default()
+        };
+        moek_model::open(dir, &options).unwrap()
+    };
+    let tokens = common::ids(&v["tokens"]);
+    let stored = all_logits(&open(&out.0, None), &tokens);
+    let at_load = all_logits(&open(&src, Some(Quant::Q8)), &tokens);
+    let bits = |r: &[Vec<f32>]| -> Vec<u32> { r.iter().flatten().map(|x| x.to_bits()).collect() };
+    assert_eq!(bits(&stored), bits(&at_load));
 }

@@ -1,17 +1,13 @@
-//! `moek quantize --model DIR --dtype q8|q4 --out DIR2`: the checkpoint with its expert banks in
-//! quantized blocks (`u8` tensors of blocks, the format named in the file's metadata; every
-//! other tensor as it was), which every command loads as it is. The config and tokenizer files
-//! are copied beside it.
+//! `moek quantize --model DIR --dtype q8_0|q4_0 --out DIR2`: the checkpoint, of any family, with
+//! the tensors its family row names (`open::FamilyRow::quantized`: the expert banks and the
+//! largest matrices) in quantized blocks (`u8` tensors of blocks, the format named in the file's
+//! metadata; every other tensor as it was), which every command loads as it is. The config and
+//! tokenizer files are copied beside it.
 
 use super::CommandError;
-use crate::checkpoint::{Checkpoint, LoadError, Residence};
+use crate::checkpoint::{Checkpoint, LoadError};
 use crate::config::Family;
-use crate::gemma4::config::Config;
-use crate::gemma4::weights::{self, FromCheckpoint};
 use crate::quantized::Quant;
-use half::{bf16, f16};
-use moek_kernels::Elem;
-use safetensors::Dtype;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -39,11 +35,7 @@ const BESIDE: [&str; 5] = [
 
 pub fn run(args: &QuantizeArgs) -> Result<ExitCode, CommandError> {
     let json = crate::config::read(&args.model).map_err(LoadError::from)?;
-    if Family::of(&json).map_err(LoadError::from)? != Family::Gemma4 {
-        return Err(CommandError::Usage(
-            "`moek quantize` writes Gemma-4 checkpoints; Qwen3-MoE runs in its stored dtype".into(),
-        ));
-    }
+    let row = crate::open::family(Family::of(&json).map_err(LoadError::from)?);
     let target = args.out.join("model.safetensors");
     if same_dir(&args.model, &args.out) {
         return Err(CommandError::Usage(format!(
@@ -57,8 +49,14 @@ pub fn run(args: &QuantizeArgs) -> Result<ExitCode, CommandError> {
             args.out.display()
         )));
     }
-    let cfg = Config::from_json(&json).map_err(LoadError::from)?;
     let ck = Checkpoint::open(&args.model)?;
+    // The source opens as its family's model (mapped: nothing is copied) before anything is
+    // written, so a config or tensor it would refuse fails here, not at the next load.
+    let options = crate::open::Options {
+        weights: Some(crate::checkpoint::Residence::Mapped),
+        ..Default::default()
+    };
+    crate::open::open(&args.model, &options)?;
     if let Some(q) = ck.quantization() {
         return Err(CommandError::Usage(format!(
             "`{}` is already quantized ({q}); quantize from the checkpoint it was made from",
@@ -72,17 +70,7 @@ pub fn run(args: &QuantizeArgs) -> Result<ExitCode, CommandError> {
     std::fs::create_dir_all(&args.out).map_err(io(&args.out))?;
     // Written under a temporary name and renamed: a failed run leaves no half a checkpoint.
     let partial = args.out.join("model.safetensors.partial");
-    let names = weights::names("embed_tokens.weight");
-    let written = match ck.dtype(&names)? {
-        Dtype::BF16 => write::<bf16>(&ck, &cfg, args.dtype, &partial),
-        Dtype::F16 => write::<f16>(&ck, &cfg, args.dtype, &partial),
-        Dtype::F32 => write::<f32>(&ck, &cfg, args.dtype, &partial),
-        other => Err(LoadError::DType {
-            tensor: names[0].clone(),
-            expected: "BF16, F16 or F32".into(),
-            found: format!("{other:?}"),
-        }),
-    };
+    let written = crate::quantized::write_quantized(&ck, row.quantized, args.dtype, &partial);
     if let Err(e) = written {
         let _ = std::fs::remove_file(&partial);
         return Err(e.into());
@@ -98,22 +86,12 @@ pub fn run(args: &QuantizeArgs) -> Result<ExitCode, CommandError> {
     let before = ck.bytes();
     let after = Checkpoint::open(&args.out)?.bytes();
     println!(
-        "wrote `{}`: expert banks and the embedding in {} blocks, every other tensor as stored; {before} -> {after} bytes ({:.2}x)",
+        "wrote `{}`: the expert banks and the largest matrices in {} blocks, every other tensor as stored; {before} -> {after} bytes ({:.2}x)",
         target.display(),
         args.dtype.dtype(),
         after as f64 / before as f64
     );
     Ok(ExitCode::SUCCESS)
-}
-
-/// The weights of `ck`, expert banks quantized as they are read, written to `path`.
-fn write<W: Elem>(ck: &Checkpoint, cfg: &Config, q: Quant, path: &Path) -> Result<(), LoadError> {
-    let src = FromCheckpoint {
-        checkpoint: ck,
-        residence: Residence::Mapped,
-        quantize: Some(q),
-    };
-    weights::save::<W>(src, cfg, path)
 }
 
 /// Whether `a` and `b` name one directory (`b` may not exist yet).

@@ -8,6 +8,7 @@ use super::config::{Config, Mlp as Kind};
 use crate::checkpoint::{Checkpoint, LoadError, Residence};
 use crate::quantized::{Quant, Stored, read_bank};
 use moek_kernels::Elem;
+use moek_kernels::ir::DType;
 use std::borrow::Cow;
 
 /// `self_attn.*`.
@@ -112,8 +113,15 @@ pub fn load<'c, W: Elem>(
     load_quantized(ck, cfg, residence, None, progress)
 }
 
+/// Whether `name` is a tensor a quantized Qwen3-MoE checkpoint stores in blocks (`moek
+/// quantize`): each expert's matrices, gathered into banks at load, and an untied LM head.
+pub fn quantized_tensor(name: &str) -> bool {
+    name.contains(".mlp.experts.") || name == "lm_head.weight"
+}
+
 /// [`load`], the gathered expert banks and an untied LM head quantized to `quantize` as they
-/// are read (`--quantize`; the per-expert layout has no quantized checkpoint form).
+/// are read (`--quantize`); a checkpoint `moek quantize` wrote holds each expert's matrices in
+/// blocks already, and they are gathered as they are.
 pub fn load_quantized<'c, W: Elem>(
     ck: &'c Checkpoint,
     cfg: &Config,
@@ -160,13 +168,22 @@ pub fn load_quantized<'c, W: Elem>(
                     .flat_map(|j| [expert(j, "gate_proj", [f, h]), expert(j, "up_proj", [f, h])])
                     .collect();
                 let down: Vec<_> = (0..e).map(|j| expert(j, "down_proj", [h, f])).collect();
+                let bank = |parts: &[(Vec<String>, Vec<usize>)]| match ck.quantized(&parts[0].0) {
+                    Some(DType::Q8_0) => Ok(Stored::Q8_0(Cow::Owned(
+                        ck.gather_blocks(parts, residence)?,
+                    ))),
+                    Some(_) => Ok::<_, LoadError>(Stored::Q4_0(Cow::Owned(
+                        ck.gather_blocks(parts, residence)?,
+                    ))),
+                    None => Ok(Stored::quantize(
+                        Cow::Owned(ck.gather(parts, residence)?),
+                        quantize,
+                    )),
+                };
                 Feedforward::Sparse(SparseMoe {
                     gate: matrix(&k("mlp.gate.weight"), &[e, h])?,
-                    gate_up_proj: Stored::quantize(
-                        Cow::Owned(ck.gather(&gate_up, residence)?),
-                        quantize,
-                    ),
-                    down_proj: Stored::quantize(Cow::Owned(ck.gather(&down, residence)?), quantize),
+                    gate_up_proj: bank(&gate_up)?,
+                    down_proj: bank(&down)?,
                 })
             }
         };
