@@ -34,7 +34,7 @@ pub fn real_shape(k: &Kernel) -> Shape {
     if let Some(t) = k.dim(DimName::T).filter(|d| !d.admits(1)) {
         free.t = PREFILL.t.max(t.min);
     }
-    crate::testing::shape_for(k, &free)
+    shape_for(k, &free)
 }
 
 /// Qwen3-30B-A3B's MoE: one decoded token and its eight routes over 128 experts of width 768.
@@ -51,3 +51,54 @@ pub const QWEN3_PREFILL: Shape = Shape {
     t: 512,
     ..QWEN3_DECODE
 };
+
+/// Whether every dim of the spec admits the size `shape` gives it.
+pub fn admits(k: &Kernel, shape: &Shape) -> bool {
+    k.op.dims()
+        .iter()
+        .all(|&d| k.dim(d).is_none_or(|dim| dim.admits(shape.dim(d))))
+}
+
+/// The problem a spec runs on: its fixed sizes, and `free`'s for its free dims (H and F
+/// rounded up to whole blocks where the spec has quantized weights, whose rows are blocks).
+pub fn shape_for(k: &Kernel, free: &Shape) -> Shape {
+    let block = match k.dtypes.iter().any(|d| d.is_quantized()) {
+        true => k.quant_block,
+        false => 1,
+    };
+    let pick = |d: DimName, dflt: usize| match k.dim(d) {
+        Some(dim) => dim.size.unwrap_or_else(|| {
+            let dflt = match d {
+                DimName::H | DimName::F => dflt.next_multiple_of(block),
+                _ => dflt,
+            };
+            dflt.max(dim.min).min(dim.max.unwrap_or(usize::MAX))
+        }),
+        None => dflt,
+    };
+    let has = |d: DimName| k.op.dims().contains(&d);
+    Shape {
+        t: pick(DimName::T, free.t),
+        r: if has(DimName::R) {
+            pick(DimName::R, free.r)
+        } else {
+            0
+        },
+        e: if has(DimName::E) {
+            pick(DimName::E, free.e)
+        } else {
+            0
+        },
+        h: pick(DimName::H, free.h),
+        f: if has(DimName::F) {
+            pick(DimName::F, free.f)
+        } else {
+            0
+        },
+        v: if has(DimName::V) {
+            pick(DimName::V, free.v)
+        } else {
+            0
+        },
+    }
+}

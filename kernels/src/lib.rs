@@ -4,7 +4,7 @@
 //! - [`specs`]: the built-in specs (the optimised decode and prefill variants, general fallbacks).
 //! - [`dispatch`]: which variant is eligible on a backend, which is chosen and why.
 //! - [`inputs`]: the tensors each op takes, checked before anything runs.
-//! - [`testing`]: the equivalence harness every spec's generated tests call.
+//! - [`testing`] (feature `testing`): the equivalence harness every spec's generated tests call.
 //!
 //! Backends are cargo features (`cpu`, `spyre`, `wgpu`); generated code reaches them through
 //! [`__private`].
@@ -20,6 +20,7 @@ pub mod registry;
 pub mod specs;
 #[cfg(feature = "spyre")]
 pub mod spyre;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
@@ -41,6 +42,7 @@ pub mod __private {
 
     pub use crate::inputs::Inputs;
     pub use crate::registry::{BlockFns, CpuFns, KernelEntry, QuantFns};
+    #[cfg(any(test, feature = "testing"))]
     pub use crate::testing;
     pub use half;
     pub use moek_ir as ir;
@@ -108,6 +110,26 @@ pub mod __private {
         ($($item:tt)*) => {};
     }
 
+    /// Keeps the generated tests when the `testing` harness is compiled in; without it they are
+    /// a compile error that says how to enable it (a test is never silently absent).
+    #[cfg(any(test, feature = "testing"))]
+    #[macro_export]
+    #[doc(hidden)]
+    macro_rules! __if_testing {
+        ($($item:tt)*) => { $($item)* };
+    }
+    #[cfg(not(any(test, feature = "testing")))]
+    #[macro_export]
+    #[doc(hidden)]
+    macro_rules! __if_testing {
+        ($($item:tt)*) => {
+            ::core::compile_error!(
+                "the generated equivalence tests need the harness: add `moek-kernels = { features = [\"testing\"] }` to [dev-dependencies]"
+            );
+        };
+    }
+
     pub use crate::__if_spyre as if_spyre;
+    pub use crate::__if_testing as if_testing;
     pub use crate::__if_wgpu as if_wgpu;
 }

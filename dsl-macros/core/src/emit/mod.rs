@@ -147,7 +147,9 @@ fn tests(k: &Kernel) -> TokenStream {
         /// Generated: every variant of this spec against the f64 reference, fresh seeds each run.
         #[cfg(test)]
         mod equivalence {
-            #(#cases)*
+            ::moek_kernels::__private::if_testing! {
+                #(#cases)*
+            }
         }
     }
 }

@@ -1,0 +1,213 @@
+//! Running drawn cases: one seed or many, and [`Cases`], which keeps drawn cases so every
+//! backend and spec of one shape share weights.
+
+use super::*;
+
+/// Runs one spec once per seed (weights drawn once from the first seed, activations and routes
+/// fresh per seed), returning a report per run.
+pub fn run_seeds(
+    entry: &KernelEntry,
+    target: Target,
+    dtype: DType,
+    shape: &Shape,
+    seeds: &[u64],
+) -> Vec<Report> {
+    let ran = match dtype {
+        DType::F16 => run_drawn::<Case<f16>>(entry, target, dtype, shape, seeds),
+        DType::Bf16 => run_drawn::<Case<bf16>>(entry, target, dtype, shape, seeds),
+        DType::F32 => run_drawn::<Case<f32>>(entry, target, dtype, shape, seeds),
+        _ => crate::with_block!(dtype, entry.ir().quant_block, |Q| {
+            run_drawn::<QuantCase<Q>>(entry, target, dtype, shape, seeds)
+        }),
+    };
+    ran.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`run_case`] on a case of `C` drawn from the first seed.
+pub(super) fn run_drawn<C: Drawn>(
+    entry: &KernelEntry,
+    target: Target,
+    dtype: DType,
+    shape: &Shape,
+    seeds: &[u64],
+) -> Result<Vec<Report>, String> {
+    let mut case = C::draw(entry.ir().op, *shape, seeds[0]);
+    run_case(entry, target, dtype, &mut case, seeds)
+}
+
+/// Cases kept between runs, so that every backend and every spec of one op and shape run on
+/// the same weights instead of drawing their own (a 26B-A4B expert bank is 761 million numbers,
+/// seconds to draw). The most recently used are kept while their weights fit
+/// [`Cases::BUDGET`]: a spec's dtypes at full size, beside the smaller cases its wgpu rows take
+/// on a CPU driver.
+#[derive(Default)]
+pub struct Cases {
+    /// Most recently used first, with the weight bytes each holds.
+    kept: Vec<(CaseKey, usize, Box<dyn std::any::Any>)>,
+}
+
+/// Op, shape, dtype and values per stored weight (a quantized case's block size), seed.
+type CaseKey = (Op, Shape, DType, usize, u64);
+
+impl std::fmt::Debug for Cases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.kept.iter().map(|(key, _, _)| key))
+            .finish()
+    }
+}
+
+impl Cases {
+    /// Weight bytes the kept cases may hold together: three 26B-A4B expert banks in Q8_0 with
+    /// their f32 copies (3.8 GB each). The newest case is kept whatever its size.
+    pub const BUDGET: usize = 12_000_000_000;
+
+    /// One run of `entry` on `target` at `shape`, on the kept case for (op, shape, dtype, seed)
+    /// or a new one (weights, activations and routes all from `seed`); `Err` says why the
+    /// backend could not run it.
+    pub fn run(
+        &mut self,
+        entry: &KernelEntry,
+        target: Target,
+        dtype: DType,
+        shape: &Shape,
+        seed: u64,
+    ) -> Result<Report, String> {
+        match dtype {
+            DType::F16 => self.run_typed::<Case<f16>>(entry, target, dtype, shape, seed),
+            DType::Bf16 => self.run_typed::<Case<bf16>>(entry, target, dtype, shape, seed),
+            DType::F32 => self.run_typed::<Case<f32>>(entry, target, dtype, shape, seed),
+            // One case per block format and size: its f32 and bf16 activations hold the same
+            // values.
+            _ => crate::with_block!(dtype, entry.ir().quant_block, |Q| {
+                self.run_typed::<QuantCase<Q>>(entry, target, dtype, shape, seed)
+            }),
+        }
+    }
+
+    fn run_typed<C: Drawn + 'static>(
+        &mut self,
+        entry: &KernelEntry,
+        target: Target,
+        dtype: DType,
+        shape: &Shape,
+        seed: u64,
+    ) -> Result<Report, String> {
+        let op = entry.ir().op;
+        let key = (op, *shape, C::DTYPE, C::VALUES, seed);
+        let kept = match self.kept.iter().position(|(k, _, _)| *k == key) {
+            Some(at) => self.kept.remove(at),
+            None => {
+                // Dropped before the new one is drawn, least recently used first, so the kept
+                // cases and the new one stay within the budget.
+                let bytes = C::weight_bytes(op, shape);
+                let mut held: usize = self.kept.iter().map(|(_, b, _)| b).sum();
+                while held + bytes > Self::BUDGET
+                    && let Some((_, b, _)) = self.kept.pop()
+                {
+                    held -= b;
+                }
+                let case: Box<dyn std::any::Any> = Box::new(C::draw(op, *shape, seed));
+                (key, bytes, case)
+            }
+        };
+        self.kept.insert(0, kept);
+        let case = self.kept[0]
+            .2
+            .downcast_mut::<C>()
+            .expect("the key names the dtype");
+        run_case(entry, target, dtype, case, &[seed]).map(|mut r| r.remove(0))
+    }
+}
+
+/// Runs `entry`'s `dtype` variant on `case` once per seed (activations and routes redrawn from
+/// each); a backend that fails to run it (a device error, a program the simulator refuses) is an
+/// `Err`.
+pub(super) fn run_case<C: Drawn>(
+    entry: &KernelEntry,
+    target: Target,
+    dtype: DType,
+    case: &mut C,
+    seeds: &[u64],
+) -> Result<Vec<Report>, String> {
+    let k = entry.ir();
+    let shape = *case.shape();
+    let shape = &shape;
+    seeds
+        .iter()
+        .map(|&seed| {
+            case.reseed_for(k, seed);
+            let mut out = vec![f32::NAN; output_len(k.op, shape)];
+            let start = Instant::now();
+            let on = crate::Backend::of(target);
+            let Ran {
+                argmax, modeled, ..
+            } = case.run(&on, entry, dtype, &mut out)?;
+            let seconds = start.elapsed().as_secs_f64();
+            let (deviation, argmax_ok) = case.compare(k.activation, &out, argmax, seed);
+            // A GPU variant is also held to the CPU variant of the same spec, element by element,
+            // where that variant takes this shape (a spec's fixed sizes bind its CPU variant; a
+            // WGSL program is emitted for whatever sizes it is run at).
+            let versus_cpu = (target == Target::Wgpu && admits(k, shape))
+                .then(|| case.versus_cpu(entry, &out))
+                .flatten();
+            let (bytes, flops) = case.work();
+            Ok(Report {
+                kernel: k.name.clone(),
+                target,
+                dtype,
+                shape: crate::inputs::describe(k.op, shape),
+                seed,
+                deviation,
+                tolerance: backend::tolerance_of(target, dtype),
+                seconds,
+                bytes,
+                flops,
+                argmax_ok,
+                modeled,
+                versus_cpu,
+                quantization: case.quantization(k.activation, seed),
+            })
+        })
+        .collect()
+}
+
+/// A drawn case as one dtype's variants read it (for quantized weights, one block format's
+/// variants, beside either activation dtype): what the harness needs of it.
+pub trait Drawn {
+    /// The dtype the case is drawn for (what the kept cases are keyed by, with the values a
+    /// stored weight holds).
+    const DTYPE: DType;
+    const VALUES: usize;
+    fn draw(op: Op, s: Shape, seed: u64) -> Self;
+    /// Bytes a case of `op` at `s` holds in weights (what [`Cases`] budgets).
+    fn weight_bytes(op: Op, s: &Shape) -> usize;
+    fn shape(&self) -> &Shape;
+    /// Fresh activations and routes from `seed`, and the optional tensors `k` computes.
+    fn reseed_for(&mut self, k: &Kernel, seed: u64);
+    /// Runs `entry`'s `dtype` variant on these inputs (validated first).
+    fn run(
+        &self,
+        on: &crate::Backend,
+        entry: &KernelEntry,
+        dtype: DType,
+        out: &mut [f32],
+    ) -> Result<Ran, String>;
+    /// Deviation from the reference on a sample of rows ([`Case::compare`]).
+    fn compare(
+        &self,
+        act: Activation,
+        out: &[f32],
+        argmax: Option<u32>,
+        seed: u64,
+    ) -> (Deviation, bool);
+    /// The spec's CPU variant on the same inputs, measured against `out`.
+    fn versus_cpu(&self, entry: &KernelEntry, out: &[f32]) -> Option<Deviation>;
+    /// (weight bytes the op must read, flops).
+    fn work(&self) -> (f64, f64);
+    /// For quantized weights: how far the reference on them is from the reference on the
+    /// weights they were quantized from.
+    fn quantization(&self, _act: Activation, _seed: u64) -> Option<Deviation> {
+        None
+    }
+}

@@ -1,0 +1,210 @@
+//! A case with weights in quantized blocks: drawn in bf16, quantized, and held to the reference
+//! on the blocks' exact values, the format's own error reported beside it.
+
+use super::*;
+
+/// A case for weights quantized to blocks of `Q`: drawn in bf16 (`drawn`: its activations and
+/// routes; its weights are dropped once the format's error is measured), its weights quantized
+/// (`blocks`), and the same case with the blocks' exact values as f32 weights (`exact`, what the
+/// reference reads; activations widened from `drawn`'s, routes shared). A variant beside bf16
+/// activations reads `drawn`'s, one beside f32 activations `exact`'s: the same values.
+#[derive(Debug)]
+pub struct QuantCase<Q> {
+    pub drawn: Case<bf16>,
+    pub exact: Case<f32>,
+    /// The op's weight tensors in blocks, in table order.
+    pub blocks: Vec<Vec<Q>>,
+    /// The reference on the blocks' values against the reference on the bf16 weights they were
+    /// made from, on the first seed's activations and a sample of its rows.
+    pub format_error: Deviation,
+}
+
+impl<Q: QuantElem> QuantCase<Q> {
+    pub fn new(op: Op, s: Shape, seed: u64) -> Self {
+        let drawn = Case::<bf16>::new(op, s, seed);
+        let blocks: Vec<Vec<Q>> = drawn
+            .params
+            .par_iter()
+            .map(|p| {
+                let values: Vec<f32> = p.iter().map(|v| v.to_f32()).collect();
+                quant::quantize(&values)
+            })
+            .collect();
+        let exact = Case::<f32> {
+            op,
+            shape: s,
+            x: vec![],
+            idx: vec![],
+            weights: vec![],
+            act: vec![],
+            params: blocks.par_iter().map(|b| quant::dequantize(b)).collect(),
+            softcap: drawn.softcap,
+            gate_up_bias: vec![],
+            down_bias: vec![],
+            bias: Bias::default(),
+            gate_w: vec![],
+            output_gate: false,
+        };
+        let mut case = QuantCase {
+            drawn,
+            exact,
+            blocks,
+            format_error: Deviation::measure(&[], &[]),
+        };
+        case.share_activations();
+        // Measured once, then the bf16 weights go: a full-size case holds the f32 copy and the
+        // blocks only (3.8 GB for a 26B-A4B expert bank in Q8_0, not 5.3).
+        case.format_error = case.format_error(Activation::default(), seed);
+        case.drawn.params.iter_mut().for_each(|p| *p = Vec::new());
+        case
+    }
+
+    /// The reference on the blocks' values against the reference on the bf16 weights they were
+    /// made from (both with `act`), on the rows `compare` samples for `seed`.
+    fn format_error(&self, act: Activation, seed: u64) -> Deviation {
+        let (rows, _) = self.exact.rows();
+        let sample = sample_rows(rows, SAMPLE_ROWS, seed, None);
+        let (quantized, bf16): (Vec<Vec<f64>>, Vec<Vec<f64>>) = sample
+            .par_iter()
+            .map(|&r| {
+                (
+                    self.exact.reference_row(act, r),
+                    self.drawn.reference_row(act, r),
+                )
+            })
+            .unzip();
+        let got: Vec<f32> = quantized.concat().iter().map(|&v| v as f32).collect();
+        Deviation::measure(&got, &bf16.concat())
+    }
+
+    /// `exact`'s activations and routes set to `drawn`'s.
+    fn share_activations(&mut self) {
+        self.exact.x = self.drawn.x.iter().map(|v| v.to_f32()).collect();
+        self.exact.act.clone_from(&self.drawn.act);
+        self.exact.idx.clone_from(&self.drawn.idx);
+        self.exact.weights.clone_from(&self.drawn.weights);
+    }
+
+    /// The inputs a quantized variant reads: the blocks beside `x`, the case's activations in
+    /// f32 (`exact`'s) or bf16 (`drawn`'s), and `exact`'s routes (and, for `down`, its f32
+    /// activation).
+    pub fn inputs<'a, A>(&'a self, x: &'a [A]) -> Inputs<'a, Q, A> {
+        let c = &self.exact;
+        let p = |name| &self.blocks[param_index(c.op, name)][..];
+        match c.op {
+            Op::GateUp => Inputs::GateUp {
+                x,
+                idx: &c.idx,
+                gate_up: p("gate_up"),
+            },
+            Op::Down => Inputs::Down {
+                act: &c.act,
+                idx: &c.idx,
+                weights: &c.weights,
+                down: p("down"),
+            },
+            Op::ExpertFfn => Inputs::ExpertFfn {
+                x,
+                idx: &c.idx,
+                weights: &c.weights,
+                gate_up: p("gate_up"),
+                down: p("down"),
+                bias: Biases::default(),
+            },
+            Op::LmHeadRow => Inputs::LmHeadRow {
+                hidden: x,
+                emb: p("emb"),
+                softcap: c.softcap,
+            },
+            Op::DenseMlp => unreachable!("the checker keeps quantized weights off dense_mlp"),
+        }
+    }
+
+    /// Runs `entry`'s variant for blocks of `Q` beside activations `x` (validated first).
+    fn run_beside<A: QuantAct>(
+        &self,
+        on: &crate::Backend,
+        entry: &KernelEntry,
+        x: &[A],
+        out: &mut [f32],
+    ) -> Result<Ran, String> {
+        let inputs = self.inputs(x);
+        inputs
+            .validate(self.shape(), out.len())
+            .expect("the harness builds well-formed inputs");
+        backend::run_quantized(on, entry, self.shape(), &inputs, out)
+    }
+}
+
+impl<Q: QuantElem> Drawn for QuantCase<Q> {
+    const DTYPE: DType = Q::DTYPE;
+    const VALUES: usize = Q::VALUES;
+
+    fn draw(op: Op, s: Shape, seed: u64) -> Self {
+        QuantCase::new(op, s, seed)
+    }
+
+    /// The blocks and their f32 copy (the bf16 weights they were made from are dropped).
+    fn weight_bytes(op: Op, s: &Shape) -> usize {
+        let values = weight_values(op, s);
+        values * 4 + values / Q::VALUES * std::mem::size_of::<Q>()
+    }
+
+    fn shape(&self) -> &Shape {
+        &self.exact.shape
+    }
+
+    fn reseed_for(&mut self, k: &Kernel, seed: u64) {
+        assert!(
+            k.bias.is_none() && !k.output_gate,
+            "the checker keeps biases and gates off quantized specs"
+        );
+        self.drawn.reseed(seed);
+        self.share_activations();
+    }
+
+    fn run(
+        &self,
+        on: &crate::Backend,
+        entry: &KernelEntry,
+        dtype: DType,
+        out: &mut [f32],
+    ) -> Result<Ran, String> {
+        assert_eq!(
+            dtype.block_format(),
+            Some(Q::DTYPE),
+            "a case of {} runs that format",
+            Q::DTYPE
+        );
+        match dtype.activation() {
+            DType::F32 => self.run_beside(on, entry, &self.exact.x, out),
+            DType::Bf16 => self.run_beside(on, entry, &self.drawn.x, out),
+            d => unreachable!("no quantized dtype has {d} activations"),
+        }
+    }
+
+    fn compare(
+        &self,
+        act: Activation,
+        out: &[f32],
+        argmax: Option<u32>,
+        seed: u64,
+    ) -> (Deviation, bool) {
+        self.exact.compare(act, out, argmax, seed)
+    }
+
+    fn versus_cpu(&self, _: &KernelEntry, _: &[f32]) -> Option<Deviation> {
+        None
+    }
+
+    fn work(&self) -> (f64, f64) {
+        self.exact
+            .work_at(std::mem::size_of::<Q>() as f64 / Q::VALUES as f64)
+    }
+
+    /// The format's error, measured when the case was drawn (with the default activation: the
+    /// weights' error, not the spec's function, is what it reports).
+    fn quantization(&self, _: Activation, _: u64) -> Option<Deviation> {
+        Some(self.format_error)
+    }
+}
