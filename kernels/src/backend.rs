@@ -1,10 +1,11 @@
-//! The backends as dispatch and the test harness both see them: one [`Runtime`] per target (its
-//! name, whether this build has it, its capabilities, the tolerance its results are held to, and
-//! how it binds inputs and runs a variant), and [`run`], the one place a target picks its runtime.
+//! The backends as dispatch and the test harness both see them: one object-safe [`Runtime`] per
+//! target (its target, whether this build has it, its capabilities, the tolerance its results
+//! are held to, and how it runs a variant on inputs of any storage), [`runtime`], the one place a
+//! target finds its runtime, and [`run`], the one run path for plain and quantized weights.
 
 use crate::dispatch::Backend;
-use crate::elem::{Elem, QuantAct, QuantElem, quantized_dtype};
-use crate::inputs::Inputs;
+use crate::elem::{Elem, QuantAct, QuantElem};
+use crate::inputs::AnyInputs;
 use crate::registry::KernelEntry;
 use moek_ir::reference::Shape;
 use moek_ir::tolerance::{Tolerance, tolerance, tolerance_dl16};
@@ -113,36 +114,50 @@ impl Modeled {
     }
 }
 
-/// One backend runtime.
-pub trait Runtime {
-    const TARGET: Target;
+/// One backend runtime, behind `dyn Runtime`: its target, whether this build has it, what it
+/// provides, the tolerance its results are held to, and how it runs a variant on inputs of any
+/// storage ([`AnyInputs`]). [`runtime`] is the one place a target finds its runtime.
+pub trait Runtime: Send + Sync + std::fmt::Debug {
+    fn target(&self) -> Target;
     /// Whether this build has the backend (its cargo feature).
-    fn compiled() -> bool;
+    fn compiled(&self) -> bool;
     /// What it provides; a spec's `requires` is checked against this.
-    fn capabilities() -> Vec<Capability>;
+    fn capabilities(&self) -> Vec<Capability>;
     /// The tolerance its results are held to against the f64 reference.
-    fn tolerance(dtype: DType) -> Tolerance {
+    fn tolerance(&self, dtype: DType) -> Tolerance {
         tolerance(dtype)
     }
-    /// Binds `inputs` and runs `entry`'s variant on `backend` (this target, with any weights it
-    /// keeps resident), writing `out`. Shapes and inputs were checked.
-    fn run<W: Elem>(
-        backend: &Backend,
+    /// Binds `inputs` and runs `entry`'s variant (with the weights `resident` keeps, if any),
+    /// writing `out`. Shapes, inputs, the dtype and the optional tensors were checked.
+    fn run(
+        &self,
+        resident: Option<&Resident>,
         entry: &KernelEntry,
         shape: &Shape,
-        inputs: &Inputs<'_, W>,
+        inputs: &AnyInputs<'_, '_>,
         out: &mut [f32],
     ) -> Result<Ran, String>;
 }
 
-/// The CPU: the generated Rust function of the variant's dtype.
+/// The runtime of `target`: the one place a target is matched to its backend.
+pub fn runtime(target: Target) -> std::sync::Arc<dyn Runtime> {
+    match target {
+        Target::Cpu => std::sync::Arc::new(Cpu),
+        Target::Spyre => std::sync::Arc::new(Spyre),
+        Target::Wgpu => std::sync::Arc::new(Wgpu),
+    }
+}
+
+/// The CPU: the generated Rust function of the variant's storage.
 #[derive(Debug)]
 pub struct Cpu;
 
 impl Runtime for Cpu {
-    const TARGET: Target = Target::Cpu;
+    fn target(&self) -> Target {
+        Target::Cpu
+    }
 
-    fn compiled() -> bool {
+    fn compiled(&self) -> bool {
         cfg!(feature = "cpu")
     }
 
@@ -150,29 +165,59 @@ impl Runtime for Cpu {
     /// indexed-selection layout, and no read copies the selected weights). It has no LX
     /// scratchpad, so it lacks `lx_completed_sum`: the persistent Spyre-shaped prefill is tested
     /// on the CPU but not dispatched there (the grouped prefill is the CPU's algorithm).
-    fn capabilities() -> Vec<Capability> {
+    fn capabilities(&self) -> Vec<Capability> {
         vec![
             Capability::IndexedSelectionLayout,
             Capability::ReadCopyElision,
         ]
     }
 
-    fn run<W: Elem>(
-        _: &Backend,
+    fn run(
+        &self,
+        _: Option<&Resident>,
         entry: &KernelEntry,
         shape: &Shape,
-        inputs: &Inputs<'_, W>,
+        inputs: &AnyInputs<'_, '_>,
         out: &mut [f32],
     ) -> Result<Ran, String> {
-        let f = W::cpu_fn(&entry.cpu).ok_or_else(|| {
+        /// The plain variant for `W`, if the spec has one.
+        fn plain<W: Elem>(
+            entry: &KernelEntry,
+            shape: &Shape,
+            inputs: &AnyInputs<'_, '_>,
+            out: &mut [f32],
+        ) -> Option<Option<u32>> {
+            Some(W::cpu_fn(&entry.cpu)?(shape, inputs.typed::<W, W>()?, out))
+        }
+        /// The variant for weights in blocks of `Q` beside activations in `A`, if any.
+        fn blocks<Q: QuantElem, A: QuantAct>(
+            entry: &KernelEntry,
+            shape: &Shape,
+            inputs: &AnyInputs<'_, '_>,
+            out: &mut [f32],
+        ) -> Option<Option<u32>> {
+            let f = A::quant_fn(Q::cpu_fns(&entry.cpu)?)?;
+            Some(f(shape, inputs.typed::<Q, A>()?, out))
+        }
+        let (e, s) = (entry, shape);
+        let argmax = match inputs.dtype {
+            DType::F16 => plain::<half::f16>(e, s, inputs, out),
+            DType::Bf16 => plain::<half::bf16>(e, s, inputs, out),
+            DType::F32 => plain::<f32>(e, s, inputs, out),
+            d => crate::with_block!(d, inputs.values, |Q| match d.activation() {
+                DType::Bf16 => blocks::<Q, half::bf16>(e, s, inputs, out),
+                _ => blocks::<Q, f32>(e, s, inputs, out),
+            }),
+        };
+        let argmax = argmax.ok_or_else(|| {
             format!(
                 "`{}` has no CPU variant for {} in this build",
                 entry.name(),
-                W::DTYPE
+                inputs.dtype
             )
         })?;
         Ok(Ran {
-            argmax: f(shape, inputs, out),
+            argmax,
             ..Ran::default()
         })
     }
@@ -183,15 +228,17 @@ impl Runtime for Cpu {
 pub struct Spyre;
 
 impl Runtime for Spyre {
-    const TARGET: Target = Target::Spyre;
+    fn target(&self) -> Target {
+        Target::Spyre
+    }
 
-    fn compiled() -> bool {
+    fn compiled(&self) -> bool {
         cfg!(feature = "spyre")
     }
 
     /// Programs read expert banks by route in their stick layouts, complete split sums over the
     /// ring in LX, and read selected weights without copying them first.
-    fn capabilities() -> Vec<Capability> {
+    fn capabilities(&self) -> Vec<Capability> {
         vec![
             Capability::IndexedSelectionLayout,
             Capability::LxCompletedSum,
@@ -199,23 +246,46 @@ impl Runtime for Spyre {
         ]
     }
 
-    fn tolerance(dtype: DType) -> Tolerance {
+    fn tolerance(&self, dtype: DType) -> Tolerance {
         tolerance_dl16(dtype)
     }
 
     #[allow(unused_variables)]
-    fn run<W: Elem>(
-        _: &Backend,
+    fn run(
+        &self,
+        _: Option<&Resident>,
         entry: &KernelEntry,
         shape: &Shape,
-        inputs: &Inputs<'_, W>,
+        inputs: &AnyInputs<'_, '_>,
         out: &mut [f32],
     ) -> Result<Ran, String> {
         #[cfg(feature = "spyre")]
         {
+            fn plain<W: Elem>(
+                k: &moek_ir::Kernel,
+                shape: &Shape,
+                inputs: &AnyInputs<'_, '_>,
+                out: &mut [f32],
+            ) -> Option<Result<crate::spyre::SpyreRun, crate::spyre::SpyreError>> {
+                let inputs = inputs.typed::<W, W>()?;
+                Some(crate::spyre::run(
+                    k,
+                    shape,
+                    inputs,
+                    out,
+                    moek_spyre::Mode::Dl16,
+                ))
+            }
             let k = entry.ir();
-            let run = crate::spyre::run(k, shape, inputs, out, moek_spyre::Mode::Dl16)
-                .map_err(|e| format!("`{}` on spyre: {e}", k.name))?;
+            let run = match inputs.dtype {
+                DType::F16 => plain::<half::f16>(k, shape, inputs, out),
+                DType::Bf16 => plain::<half::bf16>(k, shape, inputs, out),
+                DType::F32 => plain::<f32>(k, shape, inputs, out),
+                // The checker refuses quantized dtypes on Spyre.
+                _ => None,
+            }
+            .ok_or_else(|| format!("`{}` has no spyre program for {}", k.name, inputs.dtype))?
+            .map_err(|e| format!("`{}` on spyre: {e}", k.name))?;
             Ok(Ran {
                 modeled: Some(Modeled::of(&run.cost)),
                 ..Ran::default()
@@ -231,16 +301,18 @@ impl Runtime for Spyre {
 pub struct Wgpu;
 
 impl Runtime for Wgpu {
-    const TARGET: Target = Target::Wgpu;
+    fn target(&self) -> Target {
+        Target::Wgpu
+    }
 
-    fn compiled() -> bool {
+    fn compiled(&self) -> bool {
         cfg!(feature = "wgpu")
     }
 
     /// Quantized weights are dequantized exactly and multiplied by f32 activations that are
     /// never rounded (no 8-bit activation as on the CPU): what remains is f32 accumulation, the
     /// f32 variants' tolerance.
-    fn tolerance(dtype: DType) -> Tolerance {
+    fn tolerance(&self, dtype: DType) -> Tolerance {
         match dtype.is_quantized() {
             true => tolerance(DType::F32),
             false => tolerance(dtype),
@@ -250,7 +322,7 @@ impl Runtime for Wgpu {
     /// Banks are bound in the checkpoint layout and read by route in place, without a copy. A
     /// GPU has no LX scratchpad (no `lx_completed_sum`). `shader_f16` only where the shared
     /// device reads f16 natively (see `moek_wgpu::F16Mode`).
-    fn capabilities() -> Vec<Capability> {
+    fn capabilities(&self) -> Vec<Capability> {
         #[cfg(feature = "wgpu")]
         let f16 = crate::wgpu::Gpu::shared().is_ok_and(|g| g.f16 == moek_wgpu::F16Mode::Native);
         #[cfg(not(feature = "wgpu"))]
@@ -265,29 +337,15 @@ impl Runtime for Wgpu {
         capabilities
     }
 
-    fn run<W: Elem>(
-        backend: &Backend,
-        entry: &KernelEntry,
-        shape: &Shape,
-        inputs: &Inputs<'_, W>,
-        out: &mut [f32],
-    ) -> Result<Ran, String> {
-        Wgpu::run_stored(backend, entry, W::DTYPE, shape, inputs, out)
-    }
-}
-
-impl Wgpu {
-    /// [`Runtime::run`] for weights stored in `dtype` (plain or quantized blocks) beside
-    /// activations in `A`. A backend with resident weights runs in its one session (uploading
-    /// each weight once); otherwise every run opens a session of its own and uploads every
-    /// tensor.
+    /// A backend with resident weights runs in its one session (uploading each weight once);
+    /// otherwise every run opens a session of its own and uploads every tensor.
     #[allow(unused_variables)]
-    fn run_stored<W: moek_ir::quant::Packed, A: bytemuck::Pod>(
-        backend: &Backend,
+    fn run(
+        &self,
+        resident: Option<&Resident>,
         entry: &KernelEntry,
-        dtype: DType,
         shape: &Shape,
-        inputs: &Inputs<'_, W, A>,
+        inputs: &AnyInputs<'_, '_>,
         out: &mut [f32],
     ) -> Result<Ran, String> {
         #[cfg(feature = "wgpu")]
@@ -296,14 +354,14 @@ impl Wgpu {
             let k = entry.ir();
             let run = |s: &mut Session<'_>, out: &mut [f32]| {
                 let before = s.uploaded();
-                let argmax = s.run_stored(k, dtype, shape, inputs, out)?;
+                let argmax = s.run_any(k, shape, inputs, out)?;
                 Ok::<_, WgpuError>(Ran {
                     argmax,
                     uploaded: Some(s.uploaded() - before),
                     ..Ran::default()
                 })
             };
-            let ran = match &backend.resident {
+            let ran = match resident {
                 Some(r) => {
                     // A poisoned lock only means another thread's run panicked; the session's
                     // kept tensors are whole (each is inserted after its upload completes).
@@ -328,78 +386,48 @@ fn not_compiled(target: Target) -> String {
     format!("the {target} backend is not part of this build (cargo feature `{target}`)")
 }
 
-/// Runs `entry`'s variant on `backend`'s runtime.
-pub fn run<W: Elem>(
+/// Runs `entry`'s variant on `backend`'s runtime, for inputs of any storage: the one run path
+/// of dispatch and the test harness. Refuses, before anything runs, inputs whose optional
+/// tensors, storage dtype or block size the spec does not have.
+pub fn run(
     backend: &Backend,
     entry: &KernelEntry,
     shape: &Shape,
-    inputs: &Inputs<'_, W>,
+    inputs: &AnyInputs<'_, '_>,
     out: &mut [f32],
 ) -> Result<Ran, String> {
     same_optional_tensors(entry, inputs)?;
-    match backend.target {
-        Target::Cpu => Cpu::run(backend, entry, shape, inputs, out),
-        Target::Spyre => Spyre::run(backend, entry, shape, inputs, out),
-        Target::Wgpu => Wgpu::run(backend, entry, shape, inputs, out),
-    }
-}
-
-/// Runs `entry`'s variant for weights in blocks of `Q` beside activations in `A`: the CPU's
-/// generated function or the wgpu program (the checker refuses quantized dtypes on Spyre).
-pub fn run_quantized<Q: QuantElem, A: QuantAct>(
-    backend: &Backend,
-    entry: &KernelEntry,
-    shape: &Shape,
-    inputs: &Inputs<'_, Q, A>,
-    out: &mut [f32],
-) -> Result<Ran, String> {
-    same_optional_tensors(entry, inputs)?;
-    let dtype = quantized_dtype::<Q, A>();
-    let missing = || {
-        format!(
+    let (k, dtype) = (entry.ir(), inputs.dtype);
+    if !k.dtypes.contains(&dtype) || !k.targets.contains(&backend.target) {
+        return Err(format!(
             "`{}` has no {} variant for {dtype} in this build",
             entry.name(),
             backend.target,
-        )
-    };
-    if !entry.ir().dtypes.contains(&dtype) || !entry.ir().targets.contains(&backend.target) {
-        return Err(missing());
+        ));
     }
-    if entry.ir().quant_block != Q::VALUES {
+    if dtype.is_quantized() && k.quant_block != inputs.values {
         return Err(format!(
             "`{}` reads {dtype} weights in blocks of {} values, these are in blocks of {}",
             entry.name(),
-            entry.ir().quant_block,
-            Q::VALUES
+            k.quant_block,
+            inputs.values
         ));
     }
-    match backend.target {
-        Target::Cpu => {
-            let fns = Q::cpu_fns(&entry.cpu).ok_or_else(missing)?;
-            let f = A::quant_fn(fns).ok_or_else(missing)?;
-            Ok(Ran {
-                argmax: f(shape, inputs, out),
-                ..Ran::default()
-            })
-        }
-        Target::Wgpu => Wgpu::run_stored(backend, entry, dtype, shape, inputs, out),
-        Target::Spyre => Err(missing()),
-    }
+    backend
+        .runtime
+        .run(backend.resident.as_ref(), entry, shape, inputs, out)
 }
 
 /// A spec computes its biases and output gate or none: inputs with others are another function.
-fn same_optional_tensors<W: moek_ir::quant::Packed, A: bytemuck::Pod>(
-    entry: &KernelEntry,
-    inputs: &Inputs<'_, W, A>,
-) -> Result<(), String> {
-    let (spec, given) = (entry.ir().bias, inputs.bias());
+fn same_optional_tensors(entry: &KernelEntry, inputs: &AnyInputs<'_, '_>) -> Result<(), String> {
+    let (spec, given) = (entry.ir().bias, inputs.bias);
     if spec != given {
         return Err(format!(
             "`{}` adds {spec}, but the inputs carry {given}",
             entry.name()
         ));
     }
-    if entry.ir().output_gate != inputs.output_gate() {
+    if entry.ir().output_gate != inputs.output_gate {
         return Err(format!(
             "`{}` {} an output gate, but the inputs {}",
             entry.name(),
@@ -408,7 +436,7 @@ fn same_optional_tensors<W: moek_ir::quant::Packed, A: bytemuck::Pod>(
             } else {
                 "has no"
             },
-            if inputs.output_gate() {
+            if inputs.output_gate {
                 "carry one"
             } else {
                 "carry none"
@@ -416,31 +444,4 @@ fn same_optional_tensors<W: moek_ir::quant::Packed, A: bytemuck::Pod>(
         ));
     }
     Ok(())
-}
-
-/// Whether this build has `target` ([`Runtime::compiled`]).
-pub fn compiled(target: Target) -> bool {
-    match target {
-        Target::Cpu => Cpu::compiled(),
-        Target::Spyre => Spyre::compiled(),
-        Target::Wgpu => Wgpu::compiled(),
-    }
-}
-
-/// What `target` provides ([`Runtime::capabilities`]).
-pub fn capabilities(target: Target) -> Vec<Capability> {
-    match target {
-        Target::Cpu => Cpu::capabilities(),
-        Target::Spyre => Spyre::capabilities(),
-        Target::Wgpu => Wgpu::capabilities(),
-    }
-}
-
-/// The tolerance `target`'s results are held to ([`Runtime::tolerance`]).
-pub fn tolerance_of(target: Target, dtype: DType) -> Tolerance {
-    match target {
-        Target::Cpu => Cpu::tolerance(dtype),
-        Target::Spyre => Spyre::tolerance(dtype),
-        Target::Wgpu => Wgpu::tolerance(dtype),
-    }
 }

@@ -6,23 +6,24 @@
 //! order, a user's entries ahead of them). An explicitly requested variant that is not eligible
 //! is an error returned before anything is computed or written.
 
-use crate::backend;
+use crate::backend::{self, Runtime};
 use crate::elem::{Elem, QuantAct, QuantElem, quantized_dtype};
-use crate::inputs::{InputError, Inputs};
+use crate::inputs::{AnyInputs, InputError, Inputs};
 use crate::registry::{KernelEntry, Rank, Registry};
-use moek_ir::quant::Packed;
 use moek_ir::reference::Shape;
 use moek_ir::{Activation, Bias, Capability, DType, Kernel, Op, Target};
 use std::fmt;
+use std::sync::Arc;
 use thiserror::Error;
 
-/// A backend as dispatch sees it: its target and the capabilities it provides, and the weights
-/// it keeps on its device, if it keeps any.
+/// A backend as dispatch sees it: its runtime (`dyn Runtime`) with its target and the
+/// capabilities it provides, and the weights it keeps on its device, if it keeps any.
 #[derive(Clone, Debug)]
 pub struct Backend {
     pub target: Target,
     pub capabilities: Vec<Capability>,
     pub resident: Option<backend::Resident>,
+    pub runtime: Arc<dyn Runtime>,
 }
 
 impl PartialEq for Backend {
@@ -55,10 +56,16 @@ impl Backend {
 
     /// `target` with every capability its runtime provides.
     pub fn of(target: Target) -> Backend {
+        Backend::new(backend::runtime(target))
+    }
+
+    /// The backend `runtime` runs, with every capability it provides.
+    pub fn new(runtime: Arc<dyn Runtime>) -> Backend {
         Backend {
-            target,
-            capabilities: backend::capabilities(target),
+            target: runtime.target(),
+            capabilities: runtime.capabilities(),
             resident: None,
+            runtime,
         }
     }
 
@@ -82,7 +89,7 @@ impl Backend {
 
     /// Whether this backend's variants are compiled into this build.
     pub fn compiled(&self) -> bool {
-        backend::compiled(self.target)
+        self.runtime.compiled()
     }
 }
 
@@ -458,18 +465,8 @@ pub fn run_task<W: Elem>(
     out: &mut [f32],
     requested: Option<&str>,
 ) -> Result<(Choice, backend::Ran), DispatchError> {
-    let (choice, entry) = prepare(
-        registry,
-        backend,
-        task,
-        W::DTYPE,
-        shape,
-        inputs,
-        out,
-        requested,
-    )?;
-    let ran = backend::run(backend, entry, shape, inputs, out).map_err(DispatchError::Backend)?;
-    Ok((choice, ran))
+    let inputs = AnyInputs::new(inputs, W::DTYPE);
+    run_any(registry, backend, task, shape, &inputs, out, requested)
 }
 
 /// [`run_task`] for weights in blocks of `Q` beside activations in `A` (the quantized dtypes).
@@ -482,53 +479,39 @@ pub fn run_quantized<Q: QuantElem, A: QuantAct>(
     out: &mut [f32],
     requested: Option<&str>,
 ) -> Result<(Choice, backend::Ran), DispatchError> {
-    let (choice, entry) = prepare(
-        registry,
-        backend,
-        task,
-        quantized_dtype::<Q, A>(),
-        shape,
-        inputs,
-        out,
-        requested,
-    )?;
-    let ran = backend::run_quantized(backend, entry, shape, inputs, out)
-        .map_err(DispatchError::Backend)?;
-    Ok((choice, ran))
+    let inputs = AnyInputs::new(inputs, quantized_dtype::<Q, A>());
+    run_any(registry, backend, task, shape, &inputs, out, requested)
 }
 
-/// The choice for `task` and its entry, with the inputs validated: everything before a variant
-/// runs, so a refusal leaves `out` untouched.
-#[allow(clippy::too_many_arguments)]
-fn prepare<'e, W: Packed, A: bytemuck::Pod>(
-    registry: &'e Registry,
+/// The one run path, for inputs of any storage: the choice for `task` is made and the inputs
+/// validated before anything runs, so a refusal leaves `out` untouched.
+pub fn run_any(
+    registry: &Registry,
     backend: &Backend,
     task: Task,
-    dtype: DType,
     shape: &Shape,
-    inputs: &Inputs<'_, W, A>,
-    out: &[f32],
+    inputs: &AnyInputs<'_, '_>,
+    out: &mut [f32],
     requested: Option<&str>,
-) -> Result<(Choice, &'e KernelEntry), DispatchError> {
-    assert_eq!(task.op, inputs.op(), "a task runs on its own op's inputs");
+) -> Result<(Choice, backend::Ran), DispatchError> {
+    assert_eq!(task.op, inputs.op, "a task runs on its own op's inputs");
     assert_eq!(
-        task.bias,
-        inputs.bias(),
+        task.bias, inputs.bias,
         "a task names the biases its inputs carry"
     );
     assert_eq!(
-        task.output_gate,
-        inputs.output_gate(),
+        task.output_gate, inputs.output_gate,
         "a task names the output gate its inputs carry"
     );
     assert!(
-        !dtype.is_quantized() || task.quant_block == W::VALUES,
+        !inputs.dtype.is_quantized() || task.quant_block == inputs.values,
         "a task names the block size its weights are stored in"
     );
-    let choice = choose(registry, backend, task, dtype, shape, requested)?;
+    let choice = choose(registry, backend, task, inputs.dtype, shape, requested)?;
     inputs.validate(shape, out.len())?;
     let entry = registry
         .get(&choice.kernel)
         .expect("chosen from the registry");
-    Ok((choice, entry))
+    let ran = backend::run(backend, entry, shape, inputs, out).map_err(DispatchError::Backend)?;
+    Ok((choice, ran))
 }

@@ -7,7 +7,9 @@ use moek_ir::reference::Biases;
 use moek_ir::reference::Shape;
 use moek_ir::tensors::ElemClass;
 use moek_ir::tensors::TensorDef;
-use moek_ir::{Bias, Op};
+use moek_ir::{Bias, DType, Op};
+use std::any::TypeId;
+use std::marker::PhantomData;
 use thiserror::Error;
 
 /// An op's inputs, row-major, in the checkpoint's own layouts: weights in `W`, activations in
@@ -234,61 +236,87 @@ impl<'a, W: Packed, A: bytemuck::Pod> Inputs<'a, W, A> {
 
     /// Checks every tensor's length, every route index and the output's length against `s`.
     pub fn validate(&self, s: &Shape, out_len: usize) -> Result<(), InputError> {
-        if s.t == 0 {
-            return Err(InputError::Empty { op: self.op() });
-        }
-        let defs = self.defs();
-        let bound = self.bound();
-        debug_assert_eq!(
-            defs.len(),
-            bound.len(),
-            "Inputs::bound follows the op table"
-        );
-        for (def, t) in defs.iter().zip(&bound) {
-            // Weights may be stored in blocks of values (quantized): rows are whole blocks.
-            let per = match t {
+        check(self.op(), &tensors(self), s, out_len)
+    }
+}
+
+/// One of an op's tensors as bytes, with its element count and the values each element holds
+/// (weights stored in blocks hold a block's values; everything else one).
+#[derive(Clone, Copy, Debug)]
+pub struct AnyTensor<'a> {
+    pub def: &'static TensorDef,
+    pub bytes: &'a [u8],
+    pub len: usize,
+    pub values: usize,
+}
+
+/// `inputs`' tensors in the op table's order.
+fn tensors<'a, W: Packed, A: bytemuck::Pod>(inputs: &Inputs<'a, W, A>) -> Vec<AnyTensor<'a>> {
+    let (defs, bound) = (inputs.defs(), inputs.bound());
+    debug_assert_eq!(
+        defs.len(),
+        bound.len(),
+        "Inputs::bound follows the op table"
+    );
+    defs.into_iter()
+        .zip(bound)
+        .map(|(def, t)| AnyTensor {
+            def,
+            bytes: t.bytes(),
+            len: t.len(),
+            values: match t {
                 Bound::Weight(_) => W::VALUES,
                 _ => 1,
-            };
-            if def.row_len(s) % per != 0 {
-                return Err(InputError::Blocks {
-                    tensor: def.name,
-                    row: def.row_len(s),
-                    block: per,
-                    shape: describe(self.op(), s),
-                });
-            }
-            let expected = def.len(s) / per;
-            if t.len() != expected {
-                return Err(InputError::Length {
-                    tensor: def.name,
-                    expected,
-                    got: t.len(),
-                    shape: describe(self.op(), s),
-                });
-            }
-        }
-        for (def, t) in defs.iter().zip(&bound) {
-            if let (ElemClass::Index, Bound::Index(idx)) = (def.class, t) {
-                let bad = idx.iter().enumerate().find(|&(_, &i)| i as usize >= s.e);
-                if let Some((slot, &index)) = bad {
-                    return Err(InputError::Route {
-                        slot,
-                        index,
-                        experts: s.e,
-                    });
-                }
-            }
-        }
-        let expected = output_len(self.op(), s);
-        if out_len != expected {
-            return Err(InputError::Output {
-                expected,
-                got: out_len,
+            },
+        })
+        .collect()
+}
+
+/// Every tensor's length (weight rows in whole blocks), every route index and the output's
+/// length, against `s`.
+fn check(op: Op, tensors: &[AnyTensor<'_>], s: &Shape, out_len: usize) -> Result<(), InputError> {
+    if s.t == 0 {
+        return Err(InputError::Empty { op });
+    }
+    for t in tensors {
+        let (def, per) = (t.def, t.values);
+        if def.row_len(s) % per != 0 {
+            return Err(InputError::Blocks {
+                tensor: def.name,
+                row: def.row_len(s),
+                block: per,
+                shape: describe(op, s),
             });
         }
-        Ok(())
+        let expected = def.len(s) / per;
+        if t.len != expected {
+            return Err(InputError::Length {
+                tensor: def.name,
+                expected,
+                got: t.len,
+                shape: describe(op, s),
+            });
+        }
     }
+    for t in tensors.iter().filter(|t| t.def.class == ElemClass::Index) {
+        let idx: Vec<u32> = bytemuck::pod_collect_to_vec(t.bytes);
+        let bad = idx.iter().enumerate().find(|&(_, &i)| i as usize >= s.e);
+        if let Some((slot, &index)) = bad {
+            return Err(InputError::Route {
+                slot,
+                index,
+                experts: s.e,
+            });
+        }
+    }
+    let expected = output_len(op, s);
+    if out_len != expected {
+        return Err(InputError::Output {
+            expected,
+            got: out_len,
+        });
+    }
+    Ok(())
 }
 
 /// Elements of an op's output ([`Op::output`]).
@@ -303,4 +331,66 @@ pub fn describe(op: Op, s: &Shape) -> String {
         .map(|d| format!("{}={}", d, s.dim(*d)))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// An op's inputs with their element types erased: what a runtime behind `dyn Runtime` is handed,
+/// plain or quantized alike. Its tensors come as bytes in the op table's order ([`Self::tensors`],
+/// what a device binds); a runtime that calls typed code (the CPU's generated functions, the
+/// Spyre binder) recovers the [`Inputs`] it was made from with [`Self::typed`].
+#[derive(Debug)]
+pub struct AnyInputs<'i, 'a> {
+    /// How the weights are stored and the activations beside them (a plain dtype, or a block
+    /// format paired with its activation dtype).
+    pub dtype: DType,
+    /// Values per stored weight element: 1 for plain dtypes, the block size for blocks.
+    pub values: usize,
+    pub op: Op,
+    pub bias: Bias,
+    pub output_gate: bool,
+    pub softcap: Option<f32>,
+    tensors: Vec<AnyTensor<'a>>,
+    /// `(W, A)` of the `Inputs<'a, W, A>` behind `ptr`.
+    types: TypeId,
+    ptr: *const (),
+    _inputs: PhantomData<&'i Inputs<'a, (), ()>>,
+}
+
+impl<'i, 'a> AnyInputs<'i, 'a> {
+    /// `inputs`, whose weights are stored as `dtype` says.
+    pub fn new<W: Packed + 'static, A: bytemuck::Pod + 'static>(
+        inputs: &'i Inputs<'a, W, A>,
+        dtype: DType,
+    ) -> Self {
+        AnyInputs {
+            dtype,
+            values: W::VALUES,
+            op: inputs.op(),
+            bias: inputs.bias(),
+            output_gate: inputs.output_gate(),
+            softcap: inputs.softcap(),
+            tensors: tensors(inputs),
+            types: TypeId::of::<(W, A)>(),
+            ptr: (inputs as *const Inputs<'a, W, A>).cast(),
+            _inputs: PhantomData,
+        }
+    }
+
+    /// The tensors as bytes, in the op table's order.
+    pub fn tensors(&self) -> &[AnyTensor<'a>] {
+        &self.tensors
+    }
+
+    /// [`Inputs::validate`], on the erased tensors.
+    pub fn validate(&self, s: &Shape, out_len: usize) -> Result<(), InputError> {
+        check(self.op, &self.tensors, s, out_len)
+    }
+
+    /// The typed inputs, if their weights are `W` and their activations `A`.
+    pub fn typed<W: 'static, A: 'static>(&self) -> Option<&'i Inputs<'a, W, A>> {
+        // SAFETY: `ptr` was made from an `&'i Inputs<'a, W', A'>` with `(W', A')` the types
+        // `types` names, so when those are `(W, A)` it points to a live `Inputs<'a, W, A>` for
+        // `'i`.
+        (self.types == TypeId::of::<(W, A)>())
+            .then(|| unsafe { &*self.ptr.cast::<Inputs<'a, W, A>>() })
+    }
 }

@@ -9,11 +9,11 @@
 
 use crate::backend::Uploaded;
 use crate::elem::Elem;
-use crate::inputs::Inputs;
+use crate::inputs::{AnyInputs, Inputs};
 use moek_ir::plan::Role;
-use moek_ir::quant::Packed;
+
 use moek_ir::reference::Shape;
-use moek_ir::{DType, Kernel};
+use moek_ir::{DType, Kernel, Op};
 use moek_lower::wgsl::{self, WgslError};
 use moek_wgpu::{GpuError, GpuTensor};
 use std::collections::{HashMap, HashSet};
@@ -127,21 +127,26 @@ impl<'w> Session<'w> {
         inputs: &Inputs<'_, W>,
         out: &mut [f32],
     ) -> Result<Option<u32>, WgpuError> {
-        self.run_stored(k, W::DTYPE, s, inputs, out)
+        self.run_any(k, s, &AnyInputs::new(inputs, W::DTYPE), out)
     }
 
-    /// [`Session::run`] for weights stored as `dtype` says (plain, or blocks of a quantized
-    /// format as `W`) beside activations in `A`.
-    pub fn run_stored<W: Packed, A: bytemuck::Pod>(
+    /// [`Session::run`] for inputs of any storage (plain, or blocks of a quantized format beside
+    /// their activations): the tensors are bound as the bytes they are.
+    pub fn run_any(
         &mut self,
         k: &Kernel,
-        dtype: DType,
         s: &Shape,
-        inputs: &Inputs<'_, W, A>,
+        inputs: &AnyInputs<'_, '_>,
         out: &mut [f32],
     ) -> Result<Option<u32>, WgpuError> {
-        let p = program(self.gpu, k, dtype, s)?;
-        let (host, softcap) = host_tensors(inputs);
+        let p = program(self.gpu, k, inputs.dtype, s)?;
+        let host: Vec<(&str, &[u8])> = inputs
+            .tensors()
+            .iter()
+            .map(|t| (t.def.name, t.bytes))
+            .collect();
+        // No softcap is 0: the program's softcap then passes logits through.
+        let softcap = inputs.softcap.unwrap_or(0.0);
         let mut bound: Vec<Arc<GpuTensor>> = vec![];
         for plan in p.plan.tensors.iter().filter(|t| t.role != Role::Params) {
             let find = || {
@@ -187,20 +192,10 @@ impl<'w> Session<'w> {
         let refs: Vec<&GpuTensor> = bound.iter().map(|t| &**t).collect();
         let result = self.gpu.run(&p, &refs, softcap)?;
         out.copy_from_slice(&result[..out.len()]);
-        Ok(matches!(inputs, Inputs::LmHeadRow { .. }).then(|| moek_ir::reference::argmax(out)))
+        Ok((inputs.op == Op::LmHeadRow).then(|| moek_ir::reference::argmax(out)))
     }
 }
 
 fn key_of(bytes: &[u8]) -> (usize, usize) {
     (bytes.as_ptr() as usize, bytes.len())
-}
-
-/// The op's tensors by the names the emitter binds (the op table's), as bytes, and the softcap
-/// (0 if none: the program's softcap passes logits through).
-fn host_tensors<'a, W: Packed, A: bytemuck::Pod>(
-    inputs: &Inputs<'a, W, A>,
-) -> (Vec<(&'static str, &'a [u8])>, f32) {
-    let names = inputs.defs().into_iter().map(|t| t.name);
-    let bytes = inputs.bound().into_iter().map(|t| t.bytes());
-    (names.zip(bytes).collect(), inputs.softcap().unwrap_or(0.0))
 }

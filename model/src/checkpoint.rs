@@ -32,6 +32,12 @@ pub enum LoadError {
     Index { path: PathBuf, why: String },
     #[error("`{path}` is a file, not a checkpoint directory (config.json and safetensors files)")]
     NotADirectory { path: PathBuf },
+    #[error(
+        "--weights huge-pages copies {bytes} bytes of the checkpoint into memory, but {available} \
+         bytes are available (MemAvailable, or MOEK_MEMORY_LIMIT); --weights mapped reads it in \
+         place instead (slower when it does not fit the page cache)"
+    )]
+    Memory { bytes: u64, available: u64 },
     #[error("tensor `{name}` is in both `{first}` and `{second}`")]
     Duplicate {
         name: String,

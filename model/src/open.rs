@@ -224,6 +224,17 @@ pub fn open_with_progress(
     let layers = (row.layers)(&json)?;
     let eos = (row.eos)(&json)?;
     let ck = Checkpoint::open(dir)?;
+    // A copy needs the checkpoint's bytes in memory (its quantized tensors at their quantized
+    // size with `quantize`); a mapped checkpoint larger than memory still runs, its pages read
+    // again from the file as they are needed.
+    if options.residence() == Residence::HugePages {
+        let bytes = crate::quantized::resident_bytes(&ck, options.quantize) as u64;
+        if let Some(available) = crate::limits::memory_available()
+            && bytes > available
+        {
+            return Err(LoadError::Memory { bytes, available });
+        }
+    }
     // The storage dtype is that of a matrix that is never quantized.
     let names = (row.dtype_tensor)();
     let dtype = match ck.dtype(&names)? {

@@ -225,6 +225,16 @@ fn moek(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// `moek quantize --model src --dtype dtype --out out`, which must succeed.
+fn quantize(src: &str, dtype: &str, out: &str) {
+    let run = moek(&["quantize", "--model", src, "--dtype", dtype, "--out", out]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
 /// `moek quantize` writes blocks the loader maps as they are: its checkpoint computes the same
 /// logits, bit for bit, as quantizing at load, and names its format in the metadata.
 #[test]
@@ -232,20 +242,7 @@ fn a_quantized_checkpoint_loads_as_quantizing_at_load() {
     let out = Scratch::new("roundtrip");
     let dir = out.0.to_str().unwrap();
     let src = fixture();
-    let run = moek(&[
-        "quantize",
-        "--model",
-        src.to_str().unwrap(),
-        "--dtype",
-        "q4_0",
-        "--out",
-        dir,
-    ]);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    quantize(src.to_str().unwrap(), "q4_0", dir);
     let ck = Checkpoint::open(&out.0).unwrap();
     assert_eq!(ck.quantization(), Some(moek_kernels::ir::DType::Q4_0));
     let e = expected();
@@ -277,20 +274,7 @@ fn a_quantized_checkpoint_loads_as_quantizing_at_load() {
 fn bad_quantized_checkpoints_are_named_errors() {
     let out = Scratch::new("bad");
     let src = fixture();
-    let run = moek(&[
-        "quantize",
-        "--model",
-        src.to_str().unwrap(),
-        "--dtype",
-        "q8_0",
-        "--out",
-        out.0.to_str().unwrap(),
-    ]);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    quantize(src.to_str().unwrap(), "q8_0", out.0.to_str().unwrap());
     let path = out.0.join("model.safetensors");
     let bytes = std::fs::read(&path).unwrap();
     // The header is JSON after an 8-byte length: rename the format in place (same length).
@@ -413,20 +397,7 @@ fn a_forced_plain_variant_over_quantized_banks_fails_before_the_cache_changes() 
 fn a_quantized_qwen3_checkpoint_loads_as_quantizing_at_load() {
     let out = Scratch::new("qwen3");
     let (src, v) = common::fixture("tiny-qwen3-moe-f32");
-    let run = moek(&[
-        "quantize",
-        "--model",
-        src.to_str().unwrap(),
-        "--dtype",
-        "q8_0",
-        "--out",
-        out.0.to_str().unwrap(),
-    ]);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    quantize(src.to_str().unwrap(), "q8_0", out.0.to_str().unwrap());
     let ck = Checkpoint::open(&out.0).unwrap();
     assert_eq!(
         ck.quantized(&["lm_head.weight".into()]),

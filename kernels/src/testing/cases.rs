@@ -159,7 +159,7 @@ pub(super) fn run_case<C: Drawn>(
                 shape: crate::inputs::describe(k.op, shape),
                 seed,
                 deviation,
-                tolerance: backend::tolerance_of(target, dtype),
+                tolerance: backend::runtime(target).tolerance(dtype),
                 seconds,
                 bytes,
                 flops,

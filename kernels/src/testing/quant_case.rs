@@ -132,7 +132,9 @@ impl<Q: QuantElem> QuantCase<Q> {
         inputs
             .validate(self.shape(), out.len())
             .expect("the harness builds well-formed inputs");
-        backend::run_quantized(on, entry, self.shape(), &inputs, out)
+        let dtype = crate::elem::quantized_dtype::<Q, A>();
+        let inputs = crate::inputs::AnyInputs::new(&inputs, dtype);
+        backend::run(on, entry, self.shape(), &inputs, out)
     }
 }
 

@@ -3,7 +3,7 @@
 
 use super::figures::Format;
 use super::{BackendArg, CommandError};
-use crate::checkpoint::{Checkpoint, Residence};
+use crate::checkpoint::Residence;
 use crate::forward::{Cache, CausalLm, Head, Trace};
 use crate::generate::{Sampling, generate};
 use crate::open::Options;
@@ -149,22 +149,6 @@ fn with_model(args: &ModelArgs, job: impl Job) -> Result<ExitCode, CommandError>
     }
     let options = args.options();
     let residence = options.residence();
-    // A copy needs the checkpoint's bytes in memory (its expert banks at their quantized size
-    // with --quantize); a mapped checkpoint larger than memory still runs, its pages read again
-    // from the file as they are needed.
-    if residence == Residence::HugePages && !args.model.is_file() {
-        let bytes =
-            crate::quantized::resident_bytes(&Checkpoint::open(&args.model)?, args.quantize) as u64;
-        if let Some(available) = crate::limits::memory_available()
-            && bytes > available
-        {
-            return Err(CommandError::Usage(format!(
-                "--weights huge-pages copies {bytes} bytes of the checkpoint into memory, but {available} \
-                 bytes are available (MemAvailable, or MOEK_MEMORY_LIMIT); --weights mapped reads it \
-                 in place instead (slower when it does not fit the page cache)"
-            )));
-        }
-    }
     let bar = indicatif::ProgressBar::new(0)
         .with_style(
             indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers ({msg})")
