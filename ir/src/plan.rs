@@ -32,7 +32,7 @@ pub struct DevicePlan {
 /// Where a tensor's contents come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Role {
+pub enum BufferRole {
     /// `{ trip: u32, softcap: f32 }`, a uniform.
     Params,
     /// An input of the op (activations, routes): uploaded per run.
@@ -54,7 +54,7 @@ pub enum Role {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TensorPlan {
     pub name: String,
-    pub role: Role,
+    pub role: BufferRole,
     pub elems: usize,
     pub elem_bytes: usize,
     #[serde(default = "one")]

@@ -33,13 +33,13 @@ pub struct Program {
     /// LX bytes each core may plan.
     pub lx_budget: usize,
     pub tensors: Vec<Tensor>,
-    pub phases: Vec<Phase>,
+    pub phases: Vec<Stage>,
 }
 
 /// What a device tensor holds, for the runtime that binds host data to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Role {
+pub enum DeviceRole {
     /// Activations in, `[T, H]` (or `[T, R, F]` for down).
     Input,
     /// Route indices `[T, R]` (int32 on the device).
@@ -61,7 +61,7 @@ pub enum Role {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Tensor {
     pub name: String,
-    pub role: Role,
+    pub role: DeviceRole,
     pub shape: Vec<usize>,
     /// Bytes per element on the device: 2 (DL16) or 4 (f32, int32).
     pub elem_bytes: usize,
@@ -73,7 +73,7 @@ pub struct Tensor {
 
 /// One phase: a work division and the op list every core of it runs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Phase {
+pub struct Stage {
     pub name: String,
     /// Work slices per dim (SDSC numWkSlicesPerDim_): `[("R", 8), ("H", 4)]`.
     pub slices: Vec<(String, usize)>,
@@ -86,7 +86,7 @@ pub struct Phase {
     pub divisions: Vec<Vec<String>>,
     /// The per-core LX plan (the same on every core).
     pub buffers: Vec<Buffer>,
-    pub body: Vec<Op>,
+    pub body: Vec<Instr>,
 }
 
 /// An LX buffer of one core: `bytes` at `addr`, live from op `live.0` to op `live.1` (inclusive,
@@ -126,7 +126,7 @@ pub struct RouteRef {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Op {
+pub enum Instr {
     /// Device -> LX, whole sticks: `region` into buffer `to` (row-major over the region).
     DmaIn { region: Region, to: String },
     /// Device -> LX by route: `region` of expert `routes[slot]` of bank `region.tensor` (whose
@@ -169,9 +169,9 @@ pub enum Op {
     Loop {
         trips: usize,
         advancing: Vec<Advance>,
-        preheader: Vec<Op>,
-        body: Vec<Op>,
-        drain: Vec<Op>,
+        preheader: Vec<Instr>,
+        body: Vec<Instr>,
+        drain: Vec<Instr>,
     },
 }
 
@@ -284,7 +284,7 @@ impl Program {
     }
 }
 
-impl Phase {
+impl Stage {
     pub fn buffer(&self, name: &str) -> Option<&Buffer> {
         self.buffers.iter().find(|b| b.name == name)
     }
@@ -324,10 +324,10 @@ impl Sfp {
 
 /// Ops in `ops`, loops flattened (a loop is one op, then its preheader, body and drain): the
 /// numbering of buffer live ranges.
-pub fn flat_len(ops: &[Op]) -> usize {
+pub fn flat_len(ops: &[Instr]) -> usize {
     ops.iter()
         .map(|op| match op {
-            Op::Loop {
+            Instr::Loop {
                 preheader,
                 body,
                 drain,

@@ -9,7 +9,7 @@ use crate::elem::Elem;
 use crate::inputs::{Bound, Inputs};
 use moek_ir::Kernel;
 use moek_ir::reference::Shape;
-use moek_ir::spyre::{Program, Role};
+use moek_ir::spyre::{DeviceRole, Program};
 use moek_lower::spyre::lower::{self, LowerError};
 use moek_spyre::simulate::PhaseCounters;
 use moek_spyre::{Cost, Data, Device, Mode, SimError};
@@ -95,7 +95,7 @@ fn bind<W: Elem>(
         Bound::Weight(w) => Ok(w),
         _ => Err(SpyreError::Unbound(name.to_string())),
     };
-    let dense = p.tensors.iter().any(|t| t.role == Role::DenseRoutes);
+    let dense = p.tensors.iter().any(|t| t.role == DeviceRole::DenseRoutes);
     let experts: Vec<usize> = if dense {
         (0..s.e).collect()
     } else {
@@ -123,12 +123,12 @@ fn bind<W: Elem>(
         let len: usize = t.shape.iter().product();
         let unbound = || SpyreError::Unbound(t.name.clone());
         let data = match (t.role, t.name.as_str()) {
-            (Role::Routes, _) => {
+            (DeviceRole::Routes, _) => {
                 dev.routes.insert(t.name.clone(), idx.to_vec());
                 continue;
             }
-            (Role::RouteWeights, _) => Data::F32(host("weights")?.to_f32()),
-            (Role::DenseRoutes, _) => {
+            (DeviceRole::RouteWeights, _) => Data::F32(host("weights")?.to_f32()),
+            (DeviceRole::DenseRoutes, _) => {
                 // [E, T, lanes]: each (expert, token) weight fills one stick; repeated routes add.
                 let w = host("weights")?.to_f32();
                 let lanes = t.shape[2];
@@ -139,13 +139,13 @@ fn bind<W: Elem>(
                 }
                 Data::F32(v)
             }
-            (Role::Input, name) => fill(host(name)?.to_f32()),
+            (DeviceRole::Input, name) => fill(host(name)?.to_f32()),
             // host [E, 2F, H] (gate rows first) -> device [E, H, F], F on the stick
-            (Role::Bank, "gate") => bank(bank_of("gate_up")?, 2 * s.f, 0, s.f, s.h, len),
-            (Role::Bank, "up") => bank(bank_of("gate_up")?, 2 * s.f, s.f, s.f, s.h, len),
+            (DeviceRole::Bank, "gate") => bank(bank_of("gate_up")?, 2 * s.f, 0, s.f, s.h, len),
+            (DeviceRole::Bank, "up") => bank(bank_of("gate_up")?, 2 * s.f, s.f, s.f, s.h, len),
             // host [E, H, F] -> device [E, F, H], H on the stick
-            (Role::Bank, "down") => bank(bank_of("down")?, s.h, 0, s.h, s.f, len),
-            (Role::Output | Role::Scratch, _) => {
+            (DeviceRole::Bank, "down") => bank(bank_of("down")?, s.h, 0, s.h, s.f, len),
+            (DeviceRole::Output | DeviceRole::Scratch, _) => {
                 if t.elem_bytes == 2 {
                     half(len)
                 } else {

@@ -10,7 +10,7 @@
 use crate::backend::Uploaded;
 use crate::elem::Elem;
 use crate::inputs::{AnyInputs, Inputs};
-use moek_ir::plan::Role;
+use moek_ir::plan::BufferRole;
 
 use moek_ir::reference::Shape;
 use moek_ir::{DType, Kernel, Op};
@@ -148,7 +148,12 @@ impl<'w> Session<'w> {
         // No softcap is 0: the program's softcap then passes logits through.
         let softcap = inputs.softcap.unwrap_or(0.0);
         let mut bound: Vec<Arc<GpuTensor>> = vec![];
-        for plan in p.plan.tensors.iter().filter(|t| t.role != Role::Params) {
+        for plan in p
+            .plan
+            .tensors
+            .iter()
+            .filter(|t| t.role != BufferRole::Params)
+        {
             let find = || {
                 host.iter()
                     .find(|(n, _)| *n == plan.name)
@@ -156,7 +161,7 @@ impl<'w> Session<'w> {
                     .ok_or_else(|| WgpuError::Unbound(plan.name.clone()))
             };
             let t = match plan.role {
-                Role::Weight => {
+                BufferRole::Weight => {
                     let bytes = find()?;
                     let (addr, len) = key_of(bytes);
                     let key = (addr, len, plan.chunk_rows);
@@ -173,17 +178,17 @@ impl<'w> Session<'w> {
                         }
                     }
                 }
-                Role::Input => {
+                BufferRole::Input => {
                     let bytes = find()?;
                     self.uploaded.other += bytes.len() as u64;
                     Arc::new(GpuTensor::upload(self.gpu, plan, bytes))
                 }
-                Role::Output => {
+                BufferRole::Output => {
                     let bytes: &[u8] = bytemuck::cast_slice(&out[..plan.elems]);
                     self.uploaded.other += bytes.len() as u64;
                     Arc::new(GpuTensor::upload(self.gpu, plan, bytes))
                 }
-                Role::Scratch | Role::Indirect | Role::Params => {
+                BufferRole::Scratch | BufferRole::Indirect | BufferRole::Params => {
                     Arc::new(GpuTensor::zeroed(self.gpu, plan))
                 }
             };

@@ -4,7 +4,7 @@
 //! an error (a spec's with a span inside the input). Counts and seeds: `moek_tests::fuzz`.
 
 use moek_dsl::{check, emit, parse};
-use moek_ir::spyre::{Program, Role};
+use moek_ir::spyre::{DeviceRole, Program};
 use moek_ir::{DType, Target};
 use moek_spyre::{Data, Device, Mode, SimError, simulate};
 use moek_tests::fuzz::{Fuzz, mutate_json};
@@ -334,7 +334,7 @@ fn mutated_spyre_programs_are_refused_or_run_never_panic() {
                 let mut dev = Device::default();
                 for t in &p.tensors {
                     let n: usize = t.shape.iter().product();
-                    if t.role == Role::Routes {
+                    if t.role == DeviceRole::Routes {
                         dev.routes.insert(t.name.clone(), vec![0; n]);
                     } else {
                         dev.tensors.insert(t.name.clone(), Data::F32(vec![0.5; n]));

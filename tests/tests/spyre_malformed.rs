@@ -27,7 +27,7 @@ fn base() -> Program {
 }
 
 /// The first op of `phase` matching `pick`.
-fn op_mut(p: &mut Program, phase: usize, pick: impl Fn(&Op) -> bool) -> &mut Op {
+fn op_mut(p: &mut Program, phase: usize, pick: impl Fn(&Instr) -> bool) -> &mut Instr {
     p.phases[phase]
         .body
         .iter_mut()
@@ -120,7 +120,7 @@ fn live_buffers_that_overlap() {
 fn a_buffer_used_outside_its_live_range() {
     let mut p = base();
     let name = match &p.phases[0].body[0] {
-        Op::DmaIn { to, .. } => to.clone(),
+        Instr::DmaIn { to, .. } => to.clone(),
         other => panic!("the first op loads x: {other:?}"),
     };
     let b = p.phases[0]
@@ -137,7 +137,7 @@ fn a_buffer_used_outside_its_live_range() {
 #[test]
 fn a_dma_that_is_not_whole_sticks() {
     let mut p = base();
-    if let Op::DmaIn { region, .. } = op_mut(&mut p, 0, |o| matches!(o, Op::DmaIn { .. })) {
+    if let Instr::DmaIn { region, .. } = op_mut(&mut p, 0, |o| matches!(o, Instr::DmaIn { .. })) {
         region.extent[1] = 32;
     }
     assert!(matches!(
@@ -153,7 +153,7 @@ fn a_dma_that_is_not_whole_sticks() {
 #[test]
 fn a_dma_out_of_bounds_on_one_core() {
     let mut p = base();
-    if let Op::DmaIn { region, .. } = op_mut(&mut p, 0, |o| matches!(o, Op::DmaIn { .. })) {
+    if let Instr::DmaIn { region, .. } = op_mut(&mut p, 0, |o| matches!(o, Instr::DmaIn { .. })) {
         region.start[1] = region.start[1].clone().plus("H", 64);
     }
     let err = refused(&p);
@@ -171,8 +171,8 @@ fn a_dma_out_of_bounds_on_one_core() {
 #[test]
 fn an_indexed_load_of_a_tensor_that_is_not_a_bank() {
     let mut p = base();
-    if let Op::IndexedLoad { region, .. } =
-        op_mut(&mut p, 0, |o| matches!(o, Op::IndexedLoad { .. }))
+    if let Instr::IndexedLoad { region, .. } =
+        op_mut(&mut p, 0, |o| matches!(o, Instr::IndexedLoad { .. }))
     {
         region.tensor = "act".into();
     }
@@ -182,8 +182,8 @@ fn an_indexed_load_of_a_tensor_that_is_not_a_bank() {
 #[test]
 fn a_route_slot_beyond_the_routes() {
     let mut p = base();
-    if let Op::IndexedLoad { route, .. } =
-        op_mut(&mut p, 0, |o| matches!(o, Op::IndexedLoad { .. }))
+    if let Instr::IndexedLoad { route, .. } =
+        op_mut(&mut p, 0, |o| matches!(o, Instr::IndexedLoad { .. }))
     {
         route.slot.constant += 7;
     }
@@ -198,7 +198,7 @@ fn a_view_wider_than_256_mb() {
     // One core loads two rows of a tensor whose rows are 300 MB apart.
     let x = Tensor {
         name: "x".into(),
-        role: Role::Input,
+        role: DeviceRole::Input,
         shape: vec![2, 150_000_000],
         elem_bytes: 2,
         stick_elems: 64,
@@ -217,13 +217,13 @@ fn a_view_wider_than_256_mb() {
         dl16: true,
         live: (0, 0),
     };
-    let phase = |rows| Phase {
+    let phase = |rows| Stage {
         name: "p".into(),
         slices: vec![],
         core_slice: vec![vec![]],
         divisions: vec![],
         buffers: vec![buffer.clone()],
-        body: vec![Op::DmaIn {
+        body: vec![Instr::DmaIn {
             region: region(rows),
             to: "b".into(),
         }],
@@ -245,7 +245,7 @@ fn a_view_wider_than_256_mb() {
 #[test]
 fn a_matmul_operand_too_small() {
     let mut p = base();
-    if let Op::Matmul { k, .. } = op_mut(&mut p, 0, |o| matches!(o, Op::Matmul { .. })) {
+    if let Instr::Matmul { k, .. } = op_mut(&mut p, 0, |o| matches!(o, Instr::Matmul { .. })) {
         *k *= 4;
     }
     assert!(matches!(refused(&p).kind, Invalid::Operand { .. }));
@@ -254,7 +254,9 @@ fn a_matmul_operand_too_small() {
 #[test]
 fn a_ring_reduction_over_a_dim_not_split() {
     let mut p = base();
-    if let Op::RingReduce { dim, .. } = op_mut(&mut p, 0, |o| matches!(o, Op::RingReduce { .. })) {
+    if let Instr::RingReduce { dim, .. } =
+        op_mut(&mut p, 0, |o| matches!(o, Instr::RingReduce { .. }))
+    {
         *dim = "T".into();
     }
     assert!(matches!(refused(&p).kind, Invalid::NotSplit { .. }));
@@ -270,7 +272,7 @@ fn a_loop_that_breaks_the_persistent_contract() {
             per_trip: 1,
         })
         .to_vec();
-    p.phases[1].body = vec![Op::Loop {
+    p.phases[1].body = vec![Instr::Loop {
         trips: 4,
         advancing,
         preheader: vec![],
@@ -290,7 +292,7 @@ fn a_route_outside_the_bank_fails_the_run() {
     let mut dev = Device::default();
     for t in &p.tensors {
         let len: usize = t.shape.iter().product();
-        if t.role == Role::Routes {
+        if t.role == DeviceRole::Routes {
             dev.routes.insert(t.name.clone(), vec![9; len]);
         } else {
             dev.tensors

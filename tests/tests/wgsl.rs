@@ -2,7 +2,7 @@
 //! wgpu itself uses), without an adapter: both f16 paths, and bindings cut into chunks.
 //! Running them is the generated `equivalence::wgpu_*` tests' job.
 
-use moek_ir::plan::{DeviceCaps, Role, Step};
+use moek_ir::plan::{BufferRole, DeviceCaps, Step};
 use moek_ir::{DType, Target};
 use moek_kernels::testing::{SMALL, shape_for};
 use moek_kernels::{Registry, specs};
@@ -38,7 +38,7 @@ fn every_program_validates_in_both_f16_modes_and_when_chunked() {
                 .unwrap_or_else(|e| panic!("{}: {e}", k.name))
                 .tensors
                 .iter()
-                .filter(|t| t.role == Role::Weight)
+                .filter(|t| t.role == BufferRole::Weight)
                 .map(|t| t.bytes() as u64)
                 .max()
                 .expect("every wgpu op reads weights");
@@ -86,7 +86,7 @@ fn weights_over_the_binding_limit_are_bound_in_whole_rows() {
     assert!(gate_up.chunk_bytes(0) <= dev.binding_limit);
     let down = p.tensors.iter().find(|t| t.name == "down").unwrap();
     assert_eq!(down.chunks, 4, "{down:?}");
-    for t in p.tensors.iter().filter(|t| t.role == Role::Weight) {
+    for t in p.tensors.iter().filter(|t| t.role == BufferRole::Weight) {
         let covered: usize = (0..t.chunks).map(|c| t.chunk(c).len()).sum();
         assert_eq!(covered, t.elems, "{} chunks cover it exactly", t.name);
     }

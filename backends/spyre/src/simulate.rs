@@ -157,7 +157,7 @@ pub fn simulate(p: &Program, mode: Mode, dev: &mut Device) -> Result<Vec<PhaseCo
     validate(p)?;
     for t in &p.tensors {
         let expected: usize = t.shape.iter().product();
-        let got = if t.role == Role::Routes {
+        let got = if t.role == DeviceRole::Routes {
             dev.routes.get(&t.name).map_or(0, Vec::len)
         } else {
             dev.tensors.get(&t.name).map_or(0, Data::len)
@@ -185,7 +185,7 @@ struct Exec<'r, 'a> {
 impl<'a> Visit<'a> for Exec<'_, 'a> {
     type Error = SimError;
 
-    fn leaf(&mut self, op: &'a Op, _: usize) -> Result<(), SimError> {
+    fn leaf(&mut self, op: &'a Instr, _: usize) -> Result<(), SimError> {
         self.run.op(op, self.dev)
     }
 
@@ -218,7 +218,7 @@ struct Core<'a> {
 
 struct Run<'a> {
     p: &'a Program,
-    ph: &'a Phase,
+    ph: &'a Stage,
     mode: Mode,
     cores: Vec<Core<'a>>,
     /// Rows of their first dim the advancing tensors have moved (inside a loop).
@@ -226,7 +226,7 @@ struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    fn new(p: &'a Program, ph: &'a Phase, mode: Mode) -> Self {
+    fn new(p: &'a Program, ph: &'a Stage, mode: Mode) -> Self {
         let peak = ph
             .buffers
             .iter()
@@ -274,11 +274,11 @@ impl<'a> Run<'a> {
         })
     }
 
-    fn op(&mut self, op: &'a Op, dev: &mut Device) -> Result<(), SimError> {
+    fn op(&mut self, op: &'a Instr, dev: &mut Device) -> Result<(), SimError> {
         match op {
-            Op::RingReduce { buffer, dim, elems } => self.ring(buffer, dim, *elems),
-            Op::Loop { .. } => unreachable!("the walk enters loops itself"),
-            Op::DmaOut {
+            Instr::RingReduce { buffer, dim, elems } => self.ring(buffer, dim, *elems),
+            Instr::Loop { .. } => unreachable!("the walk enters loops itself"),
+            Instr::DmaOut {
                 from,
                 region,
                 owner,
@@ -411,21 +411,21 @@ impl<'a> Run<'a> {
 /// What a core's op reads besides its own LX.
 struct Ctx<'a, 'd> {
     p: &'a Program,
-    ph: &'a Phase,
+    ph: &'a Stage,
     mode: Mode,
     advanced: &'d HashMap<&'a str, usize>,
     dev: &'d Device,
 }
 
 impl<'a> Ctx<'a, '_> {
-    fn on_core(&self, core: &mut Core<'a>, op: &'a Op) -> Result<(), SimError> {
+    fn on_core(&self, core: &mut Core<'a>, op: &'a Instr) -> Result<(), SimError> {
         let eval = |a: &Affine| a.eval(&self.ph.slices, core.coords);
         match op {
-            Op::DmaIn { region, to } => {
+            Instr::DmaIn { region, to } => {
                 let start: Vec<usize> = region.start.iter().map(eval).collect();
                 self.load(core, region, start, to);
             }
-            Op::IndexedLoad { region, route, to } => {
+            Instr::IndexedLoad { region, route, to } => {
                 let t = self.p.tensor(&region.tensor).expect("validated");
                 let slot = eval(&route.slot);
                 let e = self.dev.routes[&route.routes][slot];
@@ -441,7 +441,7 @@ impl<'a> Ctx<'a, '_> {
                 start[0] = e as usize;
                 self.load(core, region, start, to);
             }
-            Op::Matmul {
+            Instr::Matmul {
                 a,
                 a_at,
                 b,
@@ -461,8 +461,8 @@ impl<'a> Ctx<'a, '_> {
                 self.store(core, out, o);
                 core.counters.macs += (m * k * n) as u64;
             }
-            Op::Sfp(sfp) => self.sfp(core, sfp),
-            Op::RingReduce { .. } | Op::Loop { .. } | Op::DmaOut { .. } => {
+            Instr::Sfp(sfp) => self.sfp(core, sfp),
+            Instr::RingReduce { .. } | Instr::Loop { .. } | Instr::DmaOut { .. } => {
                 unreachable!("run across cores")
             }
         }

@@ -196,7 +196,7 @@ pub fn validate(p: &Program) -> Result<(), ValidationError> {
 
 struct Checker<'a> {
     p: &'a Program,
-    phase: &'a Phase,
+    phase: &'a Stage,
     /// Index of the op being checked in the flattened op list.
     op: usize,
     /// The advancing tensors of the enclosing loop body, with their rows per trip.
@@ -343,9 +343,9 @@ impl Checker<'_> {
         Ok(())
     }
 
-    fn one(&mut self, op: &Op) -> R {
+    fn one(&mut self, op: &Instr) -> R {
         match op {
-            Op::DmaIn { region, to } => {
+            Instr::DmaIn { region, to } => {
                 if let Some(adv) = &self.in_loop
                     && !adv.iter().any(|a| a.0 == region.tensor)
                 {
@@ -357,11 +357,11 @@ impl Checker<'_> {
                 }
                 self.region(region, to, false)
             }
-            Op::IndexedLoad { region, route, to } => {
+            Instr::IndexedLoad { region, route, to } => {
                 self.region(region, to, true)?;
                 self.route(route)
             }
-            Op::DmaOut {
+            Instr::DmaOut {
                 from,
                 region,
                 owner,
@@ -378,7 +378,7 @@ impl Checker<'_> {
                 }
                 self.region(region, from, false)
             }
-            Op::Matmul {
+            Instr::Matmul {
                 a,
                 a_at,
                 b,
@@ -399,12 +399,12 @@ impl Checker<'_> {
                 self.operand(b, k.saturating_mul(*n))?;
                 self.operand(out, m.saturating_mul(*n))
             }
-            Op::Sfp(sfp) => self.sfp(sfp),
-            Op::RingReduce { buffer, dim, elems } => {
+            Instr::Sfp(sfp) => self.sfp(sfp),
+            Instr::RingReduce { buffer, dim, elems } => {
                 self.split(dim)?;
                 self.operand(buffer, *elems)
             }
-            Op::Loop { .. } => unreachable!("the walk enters loops itself"),
+            Instr::Loop { .. } => unreachable!("the walk enters loops itself"),
         }
     }
 
@@ -508,11 +508,11 @@ impl Checker<'_> {
             }));
         }
         if indexed
-            && (t.role != Role::Bank
+            && (t.role != DeviceRole::Bank
                 || region.extent[0] != 1
                 || region.start[0] != Affine::constant(0))
         {
-            let why = if t.role != Role::Bank {
+            let why = if t.role != DeviceRole::Bank {
                 format!("{:?}", t.role).to_lowercase()
             } else {
                 "not read one expert at a time".into()
@@ -602,7 +602,7 @@ impl Checker<'_> {
 
     fn route(&self, route: &RouteRef) -> R {
         let t = self.tensor(&route.routes)?;
-        if t.role != Role::Routes {
+        if t.role != DeviceRole::Routes {
             let why = format!(
                 "route indices must come from a routes tensor, not {:?}",
                 t.role
@@ -677,7 +677,7 @@ pub fn load(json: &str) -> Result<Program, LoadError> {
 impl<'a> Visit<'a> for Checker<'a> {
     type Error = ValidationError;
 
-    fn leaf(&mut self, op: &'a Op, at: usize) -> R {
+    fn leaf(&mut self, op: &'a Instr, at: usize) -> R {
         self.op = at;
         self.one(op)
     }

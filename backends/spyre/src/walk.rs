@@ -2,23 +2,23 @@
 //! order, each with its index in the flattened op list (a loop counts as one op, then come its
 //! preheader, body and drain: the numbering buffer live ranges use), and each loop's parts.
 
-use moek_ir::spyre::{Advance, Op, flat_len};
+use moek_ir::spyre::{Advance, Instr, flat_len};
 
 /// A loop op's parts, borrowed.
 #[derive(Clone, Copy, Debug)]
 pub struct Loop<'p> {
     pub trips: usize,
     pub advancing: &'p [Advance],
-    pub preheader: &'p [Op],
-    pub body: &'p [Op],
-    pub drain: &'p [Op],
+    pub preheader: &'p [Instr],
+    pub body: &'p [Instr],
+    pub drain: &'p [Instr],
 }
 
 /// What a walk does at each op.
 pub trait Visit<'p> {
     type Error;
     /// A leaf op (anything but a loop) at flattened index `at`.
-    fn leaf(&mut self, op: &'p Op, at: usize) -> Result<(), Self::Error>;
+    fn leaf(&mut self, op: &'p Instr, at: usize) -> Result<(), Self::Error>;
     /// A loop at flattened index `at`, before its preheader. Returns how many trips of its body
     /// to walk: the simulator runs every trip, the validator checks the body once.
     fn enter(&mut self, lp: &Loop<'p>, at: usize) -> Result<usize, Self::Error>;
@@ -29,14 +29,18 @@ pub trait Visit<'p> {
 }
 
 /// Walks `ops` in program order.
-pub fn walk<'p, V: Visit<'p>>(ops: &'p [Op], v: &mut V) -> Result<(), V::Error> {
+pub fn walk<'p, V: Visit<'p>>(ops: &'p [Instr], v: &mut V) -> Result<(), V::Error> {
     walk_from(ops, 0, v).map(drop)
 }
 
 /// Walks `ops`, the first at flattened index `at`; returns the index after the last.
-fn walk_from<'p, V: Visit<'p>>(ops: &'p [Op], mut at: usize, v: &mut V) -> Result<usize, V::Error> {
+fn walk_from<'p, V: Visit<'p>>(
+    ops: &'p [Instr],
+    mut at: usize,
+    v: &mut V,
+) -> Result<usize, V::Error> {
     for op in ops {
-        let Op::Loop {
+        let Instr::Loop {
             trips,
             advancing,
             preheader,

@@ -2,7 +2,7 @@
 
 use crate::adapter::{Gpu, GpuError};
 use crate::tensor::GpuTensor;
-use moek_ir::plan::{DevicePlan, Role, Step};
+use moek_ir::plan::{BufferRole, DevicePlan, Step};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -45,7 +45,7 @@ impl Gpu {
         let storage: usize = plan
             .tensors
             .iter()
-            .filter(|t| t.role != Role::Params)
+            .filter(|t| t.role != BufferRole::Params)
             .map(|t| t.chunks)
             .sum();
         let limit = self.limits.max_storage_buffers_per_shader_stage;
@@ -68,9 +68,11 @@ impl Gpu {
         let mut binding = 0;
         for t in &plan.tensors {
             let ty = match t.role {
-                Role::Params => wgpu::BufferBindingType::Uniform,
-                Role::Input | Role::Weight => wgpu::BufferBindingType::Storage { read_only: true },
-                Role::Scratch | Role::Output | Role::Indirect => {
+                BufferRole::Params => wgpu::BufferBindingType::Uniform,
+                BufferRole::Input | BufferRole::Weight => {
+                    wgpu::BufferBindingType::Storage { read_only: true }
+                }
+                BufferRole::Scratch | BufferRole::Output | BufferRole::Indirect => {
                     wgpu::BufferBindingType::Storage { read_only: false }
                 }
             };
@@ -149,14 +151,14 @@ impl Gpu {
             .plan
             .tensors
             .iter()
-            .filter(|t| t.role != Role::Params)
+            .filter(|t| t.role != BufferRole::Params)
             .collect();
         assert_eq!(plans.len(), tensors.len(), "one tensor per plan tensor");
         let params_plan = p
             .plan
             .tensors
             .iter()
-            .find(|t| t.role == Role::Params)
+            .find(|t| t.role == BufferRole::Params)
             .expect("every program has params");
         let params_bytes: Vec<u8> = [0u32, softcap.to_bits(), 0, 0]
             .iter()
@@ -203,7 +205,7 @@ impl Gpu {
         let (out_i, _) = plans
             .iter()
             .enumerate()
-            .find(|(_, t)| t.role == Role::Output)
+            .find(|(_, t)| t.role == BufferRole::Output)
             .expect("every program has an output");
         let out = &tensors[out_i].buffers[0];
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -225,7 +227,7 @@ impl Gpu {
         // Dispatch arguments: a copy of each indirect tensor, never bound in the bind group.
         let args: HashMap<&str, wgpu::Buffer> = plans
             .iter()
-            .filter(|t| t.role == Role::Indirect)
+            .filter(|t| t.role == BufferRole::Indirect)
             .map(|t| {
                 let b = self.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some(&t.name),

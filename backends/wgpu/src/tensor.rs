@@ -1,7 +1,7 @@
 //! Device tensors: one buffer per chunk of a [`TensorPlan`], each under the binding limit.
 
 use crate::adapter::Gpu;
-use moek_ir::plan::{Role, TensorPlan};
+use moek_ir::plan::{BufferRole, TensorPlan};
 
 /// A tensor on the device, bound as `buffers` in order.
 #[derive(Debug)]
@@ -70,12 +70,12 @@ impl GpuTensor {
     }
 }
 
-fn usage(role: Role) -> wgpu::BufferUsages {
+fn usage(role: BufferRole) -> wgpu::BufferUsages {
     use wgpu::BufferUsages as U;
     match role {
-        Role::Params => U::UNIFORM | U::COPY_DST,
-        Role::Output => U::STORAGE | U::COPY_SRC | U::COPY_DST,
-        Role::Indirect => U::STORAGE | U::COPY_SRC,
+        BufferRole::Params => U::UNIFORM | U::COPY_DST,
+        BufferRole::Output => U::STORAGE | U::COPY_SRC | U::COPY_DST,
+        BufferRole::Indirect => U::STORAGE | U::COPY_SRC,
         _ => U::STORAGE | U::COPY_DST,
     }
 }

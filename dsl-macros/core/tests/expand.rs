@@ -95,7 +95,7 @@ fn the_cpu_source_of_a_spec_is_formatted_rust() {
 
 #[test]
 fn a_fixed_stream_tile_sets_the_spyre_weight_tiles() {
-    use moek_ir::spyre::Op as SOp;
+    use moek_ir::spyre::Instr as SOp;
     let tiles = |stream: proc_macro2::TokenStream| {
         let k = spec(quote! {
             pub k = gate_up {

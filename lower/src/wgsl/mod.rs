@@ -24,7 +24,7 @@
 //! (`tensors.rs`), beside f32 activations: no activation is rounded, unlike the CPU's integer
 //! dots. Arithmetic is f32.
 
-use moek_ir::plan::{DeviceCaps, DevicePlan, Role, Step, TensorPlan, WORKGROUP};
+use moek_ir::plan::{BufferRole, DeviceCaps, DevicePlan, Step, TensorPlan, WORKGROUP};
 use moek_ir::reference::Shape;
 use moek_ir::{DType, Kernel, Op, Phase, Selection};
 use std::fmt::Write;
@@ -121,35 +121,35 @@ impl<'k> Emitter<'k> {
 
     fn build(&mut self) -> Result<(), WgslError> {
         let (s, k) = (self.s, self.k);
-        self.tensor("params", Role::Params, 4, Store::F32, 4)?;
+        self.tensor("params", BufferRole::Params, 4, Store::F32, 4)?;
         self.op_tensors()?;
         match k.op {
             Op::GateUp => {
-                self.tensor("out", Role::Output, s.t * s.r * s.f, Store::F32, s.f)?;
+                self.tensor("out", BufferRole::Output, s.t * s.r * s.f, Store::F32, s.f)?;
                 self.gather_gate_up(Phase::All, "out");
             }
             Op::Down => {
-                self.tensor("out", Role::Output, s.t * s.h, Store::F32, s.h)?;
+                self.tensor("out", BufferRole::Output, s.t * s.h, Store::F32, s.h)?;
                 self.gather_down(Phase::All)?;
             }
             Op::ExpertFfn => {
-                self.tensor("out", Role::Output, s.t * s.h, Store::F32, s.h)?;
+                self.tensor("out", BufferRole::Output, s.t * s.h, Store::F32, s.h)?;
                 if k.schedule.select == Selection::Dense {
-                    self.tensor("act", Role::Scratch, s.t * s.f, Store::F32, s.f)?;
+                    self.tensor("act", BufferRole::Scratch, s.t * s.f, Store::F32, s.f)?;
                     self.dense_persistent()?;
                 } else {
-                    self.tensor("act", Role::Scratch, s.t * s.r * s.f, Store::F32, s.f)?;
+                    self.tensor("act", BufferRole::Scratch, s.t * s.r * s.f, Store::F32, s.f)?;
                     self.gather_gate_up(Phase::GateUp, "act");
                     self.gather_down(Phase::Down)?;
                 }
             }
             Op::DenseMlp => {
-                self.tensor("act", Role::Scratch, s.t * s.f, Store::F32, s.f)?;
-                self.tensor("out", Role::Output, s.t * s.h, Store::F32, s.h)?;
+                self.tensor("act", BufferRole::Scratch, s.t * s.f, Store::F32, s.f)?;
+                self.tensor("out", BufferRole::Output, s.t * s.h, Store::F32, s.h)?;
                 self.dense_mlp()?;
             }
             Op::LmHeadRow => {
-                self.tensor("out", Role::Output, s.v, Store::F32, 1)?;
+                self.tensor("out", BufferRole::Output, s.v, Store::F32, 1)?;
                 self.lm_head_row();
             }
         }

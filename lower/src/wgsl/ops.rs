@@ -3,7 +3,7 @@
 use super::sums::{SegCall, even};
 use super::tensors::ld_store;
 use super::{Emitter, Store, WgslError};
-use moek_ir::plan::{Role, Step, WORKGROUP};
+use moek_ir::plan::{BufferRole, Step, WORKGROUP};
 use moek_ir::{DimName, Phase};
 use std::fmt::Write;
 
@@ -110,7 +110,7 @@ impl Emitter<'_> {
             false => String::new(),
         };
         if owners {
-            self.tensor("partial", Role::Scratch, s.t * r * h, Store::F32, h)?;
+            self.tensor("partial", BufferRole::Scratch, s.t * r * h, Store::F32, h)?;
             for (b, &(i0, i1)) in cols.iter().enumerate() {
                 let w = i1 - i0;
                 let name = entry_name("down_routes", b, cols.len());
@@ -167,8 +167,14 @@ impl Emitter<'_> {
     pub(super) fn dense_persistent(&mut self) -> Result<(), WgslError> {
         let s = self.s;
         let (t_n, f, h, r, e_n) = (s.t, s.f, s.h, s.r, s.e);
-        self.tensor("lists", Role::Scratch, 2 * e_n * t_n + e_n, Store::U32, t_n)?;
-        self.tensor("dispatch", Role::Indirect, e_n * 6, Store::U32, 6)?;
+        self.tensor(
+            "lists",
+            BufferRole::Scratch,
+            2 * e_n * t_n + e_n,
+            Store::U32,
+            t_n,
+        )?;
+        self.tensor("dispatch", BufferRole::Indirect, e_n * 6, Store::U32, 6)?;
         self.elementwise("fill", t_n * h, "    out_0[i] = 0.0;\n");
         let (gx, dx) = (
             f.div_ceil(WORKGROUP as usize),
@@ -304,7 +310,7 @@ impl Emitter<'_> {
                      for (var k = 0u; k < {h}u; k++) {{ z += ld_x_0(t * {h}u + k) * ld_output_gate_0(k); }}\n    \
                      scale_0[t] = 1.0 / (1.0 + exp(-z));\n"
                 );
-                self.tensor("scale", Role::Scratch, s.t, Store::F32, 1)?;
+                self.tensor("scale", BufferRole::Scratch, s.t, Store::F32, 1)?;
                 self.elementwise("output_gate", s.t, &gate);
                 " * scale_0[t]"
             }

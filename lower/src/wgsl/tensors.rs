@@ -2,7 +2,7 @@
 
 use super::{Emitter, Store, WgslError};
 use moek_ir::DType;
-use moek_ir::plan::{Role, TensorPlan};
+use moek_ir::plan::{BufferRole, TensorPlan};
 use moek_ir::tensors::{DOWN_BIAS, ElemClass, GATE_UP_BIAS, OUTPUT_GATE, TensorRole};
 use std::fmt::Write;
 
@@ -12,8 +12,8 @@ impl Emitter<'_> {
     pub(super) fn op_tensors(&mut self) -> Result<(), WgslError> {
         for t in self.k.op.tensors_with(self.k.bias, self.k.output_gate) {
             let role = match t.role {
-                TensorRole::Weight => Role::Weight,
-                TensorRole::Input | TensorRole::Route => Role::Input,
+                TensorRole::Weight => BufferRole::Weight,
+                TensorRole::Input | TensorRole::Route => BufferRole::Input,
             };
             let quantized = self.dtype.is_quantized();
             let store = match t.class {
@@ -48,7 +48,7 @@ impl Emitter<'_> {
     pub(super) fn tensor(
         &mut self,
         name: &str,
-        role: Role,
+        role: BufferRole,
         elems: usize,
         store: Store,
         row_len: usize,
@@ -95,7 +95,7 @@ impl Emitter<'_> {
         let chunk_rows = fit.min(rows);
         let chunks = rows.div_ceil(chunk_rows);
         // Only weights are read through chunk switches; the rest are bound whole.
-        if chunks > 1 && role != Role::Weight {
+        if chunks > 1 && role != BufferRole::Weight {
             return Err(WgslError::Whole {
                 tensor: name.to_string(),
                 bytes: (elems / values_per_elem * elem_bytes) as u64,
@@ -131,13 +131,15 @@ impl Emitter<'_> {
         for t in &self.tensors {
             let elem = self.storage_elem(t);
             let access = match t.role {
-                Role::Params => "uniform",
-                Role::Input | Role::Weight => "storage, read",
-                Role::Scratch | Role::Output | Role::Indirect => "storage, read_write",
+                BufferRole::Params => "uniform",
+                BufferRole::Input | BufferRole::Weight => "storage, read",
+                BufferRole::Scratch | BufferRole::Output | BufferRole::Indirect => {
+                    "storage, read_write"
+                }
             };
             for c in 0..t.chunks {
                 let var = chunk_var(t, c);
-                let ty = if t.role == Role::Params {
+                let ty = if t.role == BufferRole::Params {
                     "Params".to_string()
                 } else {
                     format!("array<{elem}>")
@@ -173,7 +175,7 @@ impl Emitter<'_> {
     pub(super) fn loaders(&self) -> String {
         let mut out = String::new();
         for t in &self.tensors {
-            if matches!(t.role, Role::Params | Role::Indirect) || t.integer {
+            if matches!(t.role, BufferRole::Params | BufferRole::Indirect) || t.integer {
                 continue;
             }
             for c in 0..t.chunks {
@@ -306,7 +308,7 @@ pub(super) fn chunked_fn(
 }
 
 pub(super) fn chunk_var(t: &TensorPlan, c: usize) -> String {
-    if t.role == Role::Params {
+    if t.role == BufferRole::Params {
         t.name.clone()
     } else {
         format!("{}_{c}", t.name)

@@ -2,17 +2,12 @@
 
 use super::*;
 use moek_ir::spyre::*;
-use moek_ir::{DimName, Kernel, Phase as IrPhase};
+use moek_ir::{DimName, Kernel, Phase};
 
 /// Gate/up over gathered routes: per route, per F tile, per H block (in declared order) an
 /// indexed load of the gate and up tiles, a matmul and an add; H partials split across cores are
 /// completed over the ring; the epilogue writes `gelu_tanh(g) * u`.
-pub(super) fn gate_up(
-    k: &Kernel,
-    s: &Sizes,
-    phase: IrPhase,
-    out: &str,
-) -> Result<Phase, LowerError> {
+pub(super) fn gate_up(k: &Kernel, s: &Sizes, phase: Phase, out: &str) -> Result<Stage, LowerError> {
     let div = Division::of(k, phase)?;
     let (tc, rc, fc) = (
         s.t / div.parts(DimName::T),
@@ -70,7 +65,7 @@ pub(super) fn gate_up(
     );
     for (x, &(a0, a1)) in xs.iter().zip(&segs) {
         let start = vec![t0.clone(), add(&h0, a0)];
-        body.push(Op::DmaIn {
+        body.push(Instr::DmaIn {
             region: Region {
                 tensor: "x".into(),
                 start,
@@ -90,7 +85,7 @@ pub(super) fn gate_up(
             for &(c0, c1) in &tiles(&[(0, fc)], tile) {
                 let n = c1 - c0;
                 for (acc, w, bank) in [(&g, &wg, "gate"), (&u, &wu, "up")] {
-                    body.push(Op::Sfp(Sfp::Zero {
+                    body.push(Instr::Sfp(Sfp::Zero {
                         out: acc.clone(),
                         elems: n,
                     }));
@@ -101,13 +96,13 @@ pub(super) fn gate_up(
                             start,
                             extent: vec![1, a1 - a0, n],
                         };
-                        body.push(Op::IndexedLoad {
+                        body.push(Instr::IndexedLoad {
                             region,
                             route: route.clone(),
                             to: w.clone(),
                         });
                         // x row `ti` of this segment is at offset ti * len: a 1-row matmul per token.
-                        body.push(Op::Matmul {
+                        body.push(Instr::Matmul {
                             a_at: Affine::default(),
                             a: x.clone(),
                             b: w.clone(),
@@ -117,21 +112,21 @@ pub(super) fn gate_up(
                             n,
                             accumulate: false,
                         });
-                        body.push(Op::Sfp(Sfp::Add {
+                        body.push(Instr::Sfp(Sfp::Add {
                             acc: acc.clone(),
                             part: part.clone(),
                             elems: n,
                         }));
                     }
                     if h_split {
-                        body.push(Op::RingReduce {
+                        body.push(Instr::RingReduce {
                             buffer: acc.clone(),
                             dim: "H".into(),
                             elems: n,
                         });
                     }
                 }
-                body.push(Op::Sfp(Sfp::act_mul(
+                body.push(Instr::Sfp(Sfp::act_mul(
                     k.activation,
                     g.clone(),
                     u.clone(),
@@ -144,7 +139,7 @@ pub(super) fn gate_up(
                     start,
                     extent: vec![1, 1, n],
                 };
-                body.push(Op::DmaOut {
+                body.push(Instr::DmaOut {
                     from: a.clone(),
                     region,
                     owner: owner(&div, &["H"]),
@@ -159,7 +154,7 @@ pub(super) fn gate_up(
 /// order), per F block an indexed load, a matmul and an add; F partials split across cores are
 /// completed over the ring; each route's result is scaled by its weight into the token's
 /// accumulator in route order, completed over the ring when routes are split across cores.
-pub(super) fn down(k: &Kernel, s: &Sizes, phase: IrPhase, act: &str) -> Result<Phase, LowerError> {
+pub(super) fn down(k: &Kernel, s: &Sizes, phase: Phase, act: &str) -> Result<Stage, LowerError> {
     let div = Division::of(k, phase)?;
     let (tc, rc, hc) = (
         s.t / div.parts(DimName::T),
@@ -215,7 +210,7 @@ pub(super) fn down(k: &Kernel, s: &Sizes, phase: IrPhase, act: &str) -> Result<P
     let part = plan.buf("part", tile, false);
     let y = plan.buf("y", tile, false);
     let mut body = vec![
-        Op::DmaIn {
+        Instr::DmaIn {
             region: Region {
                 tensor: "weights".into(),
                 start: vec![t0.clone(), Affine::constant(0)],
@@ -223,7 +218,7 @@ pub(super) fn down(k: &Kernel, s: &Sizes, phase: IrPhase, act: &str) -> Result<P
             },
             to: w.clone(),
         },
-        Op::Sfp(Sfp::Zero {
+        Instr::Sfp(Sfp::Zero {
             out: acc.clone(),
             elems: tc * hc,
         }),
@@ -236,7 +231,7 @@ pub(super) fn down(k: &Kernel, s: &Sizes, phase: IrPhase, act: &str) -> Result<P
         };
         for (a, &(a0, a1)) in a_bufs.iter().zip(&fsegs) {
             let start = vec![t0.clone(), add(&r0, ri), add(&f0, a0)];
-            body.push(Op::DmaIn {
+            body.push(Instr::DmaIn {
                 region: Region {
                     tensor: act.into(),
                     start,
@@ -247,7 +242,7 @@ pub(super) fn down(k: &Kernel, s: &Sizes, phase: IrPhase, act: &str) -> Result<P
         }
         for &(c0, c1) in &tiles(&cols, tile) {
             let n = c1 - c0;
-            body.push(Op::Sfp(Sfp::Zero {
+            body.push(Instr::Sfp(Sfp::Zero {
                 out: y.clone(),
                 elems: n,
             }));
@@ -258,12 +253,12 @@ pub(super) fn down(k: &Kernel, s: &Sizes, phase: IrPhase, act: &str) -> Result<P
                     start,
                     extent: vec![1, a1 - a0, n],
                 };
-                body.push(Op::IndexedLoad {
+                body.push(Instr::IndexedLoad {
                     region,
                     route: route.clone(),
                     to: wt.clone(),
                 });
-                body.push(Op::Matmul {
+                body.push(Instr::Matmul {
                     a_at: Affine::default(),
                     a: a.clone(),
                     b: wt.clone(),
@@ -273,14 +268,14 @@ pub(super) fn down(k: &Kernel, s: &Sizes, phase: IrPhase, act: &str) -> Result<P
                     n,
                     accumulate: false,
                 });
-                body.push(Op::Sfp(Sfp::Add {
+                body.push(Instr::Sfp(Sfp::Add {
                     acc: y.clone(),
                     part: part.clone(),
                     elems: n,
                 }));
             }
             if div.parts(DimName::F) > 1 {
-                body.push(Op::RingReduce {
+                body.push(Instr::RingReduce {
                     buffer: y.clone(),
                     dim: "F".into(),
                     elems: n,
@@ -288,7 +283,7 @@ pub(super) fn down(k: &Kernel, s: &Sizes, phase: IrPhase, act: &str) -> Result<P
             }
             // The weights buffer holds this core's tokens' routes: index it locally.
             let w_at = self::slot(&Affine::constant(0), &r0, 0, ri, s.r);
-            body.push(Op::Sfp(Sfp::ScaleAcc {
+            body.push(Instr::Sfp(Sfp::ScaleAcc {
                 acc: acc.clone(),
                 acc_at: c0,
                 y: y.clone(),
@@ -300,7 +295,7 @@ pub(super) fn down(k: &Kernel, s: &Sizes, phase: IrPhase, act: &str) -> Result<P
         }
     }
     if div.parts(DimName::R) > 1 {
-        body.push(Op::RingReduce {
+        body.push(Instr::RingReduce {
             buffer: acc.clone(),
             dim: "R".into(),
             elems: tc * hc,
@@ -311,7 +306,7 @@ pub(super) fn down(k: &Kernel, s: &Sizes, phase: IrPhase, act: &str) -> Result<P
         start: vec![t0, h0],
         extent: vec![tc, hc],
     };
-    body.push(Op::DmaOut {
+    body.push(Instr::DmaOut {
         from: acc,
         region,
         owner: owner(&div, &["R", "F"]),

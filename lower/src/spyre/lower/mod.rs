@@ -14,7 +14,7 @@ mod plan;
 use gather::{down, gate_up};
 use moek_ir::spyre::*;
 use moek_ir::spyre::{LX_BUDGET, STICK_BYTES};
-use moek_ir::{Blocks, DType, DimName, Kernel, Op as IrOp, Phase as IrPhase, Selection};
+use moek_ir::{Blocks, DType, DimName, Kernel, Op, Phase, Selection};
 use persistent::persistent;
 use plan::*;
 
@@ -48,10 +48,10 @@ impl std::fmt::Display for LowerError {
 
 /// Whether a Spyre lowering of `op` under `select` exists (the others are refused by the
 /// rules, on the `spyre` target).
-pub fn lowered(op: IrOp, select: Selection) -> bool {
+pub fn lowered(op: Op, select: Selection) -> bool {
     matches!(
         (op, select),
-        (IrOp::GateUp | IrOp::Down, _) | (IrOp::ExpertFfn, Selection::Gather | Selection::Dense)
+        (Op::GateUp | Op::Down, _) | (Op::ExpertFfn, Selection::Gather | Selection::Dense)
     )
 }
 
@@ -65,7 +65,7 @@ pub fn program(k: &Kernel, dtype: DType) -> Result<Program, LowerError> {
     }
     let s = Sizes::of(k)?;
     let mut tensors = vec![];
-    let mut add = |name: &str, role: Role, shape: Vec<usize>, elem_bytes: usize| {
+    let mut add = |name: &str, role: DeviceRole, shape: Vec<usize>, elem_bytes: usize| {
         let base = tensors
             .iter()
             .map(|t: &Tensor| t.base + t.device_bytes() as u64)
@@ -82,48 +82,48 @@ pub fn program(k: &Kernel, dtype: DType) -> Result<Program, LowerError> {
         });
     };
     let phases = match (k.op, k.schedule.select) {
-        (IrOp::GateUp, _) => {
-            add("x", Role::Input, vec![s.t, s.h], DL16);
-            add("idx", Role::Routes, vec![s.t, s.r], F32);
-            add("gate", Role::Bank, vec![s.e, s.h, s.f], DL16);
-            add("up", Role::Bank, vec![s.e, s.h, s.f], DL16);
-            add("out", Role::Output, vec![s.t, s.r, s.f], F32);
-            vec![gate_up(k, &s, IrPhase::All, "out")?]
+        (Op::GateUp, _) => {
+            add("x", DeviceRole::Input, vec![s.t, s.h], DL16);
+            add("idx", DeviceRole::Routes, vec![s.t, s.r], F32);
+            add("gate", DeviceRole::Bank, vec![s.e, s.h, s.f], DL16);
+            add("up", DeviceRole::Bank, vec![s.e, s.h, s.f], DL16);
+            add("out", DeviceRole::Output, vec![s.t, s.r, s.f], F32);
+            vec![gate_up(k, &s, Phase::All, "out")?]
         }
-        (IrOp::Down, _) => {
-            add("act", Role::Input, vec![s.t, s.r, s.f], DL16);
-            add("idx", Role::Routes, vec![s.t, s.r], F32);
-            add("weights", Role::RouteWeights, vec![s.t, s.r], F32);
-            add("down", Role::Bank, vec![s.e, s.f, s.h], DL16);
-            add("out", Role::Output, vec![s.t, s.h], F32);
-            vec![down(k, &s, IrPhase::All, "act")?]
+        (Op::Down, _) => {
+            add("act", DeviceRole::Input, vec![s.t, s.r, s.f], DL16);
+            add("idx", DeviceRole::Routes, vec![s.t, s.r], F32);
+            add("weights", DeviceRole::RouteWeights, vec![s.t, s.r], F32);
+            add("down", DeviceRole::Bank, vec![s.e, s.f, s.h], DL16);
+            add("out", DeviceRole::Output, vec![s.t, s.h], F32);
+            vec![down(k, &s, Phase::All, "act")?]
         }
-        (IrOp::ExpertFfn, Selection::Gather) => {
-            add("x", Role::Input, vec![s.t, s.h], DL16);
-            add("idx", Role::Routes, vec![s.t, s.r], F32);
-            add("weights", Role::RouteWeights, vec![s.t, s.r], F32);
-            add("gate", Role::Bank, vec![s.e, s.h, s.f], DL16);
-            add("up", Role::Bank, vec![s.e, s.h, s.f], DL16);
-            add("down", Role::Bank, vec![s.e, s.f, s.h], DL16);
-            add("act", Role::Scratch, vec![s.t, s.r, s.f], DL16);
-            add("out", Role::Output, vec![s.t, s.h], F32);
+        (Op::ExpertFfn, Selection::Gather) => {
+            add("x", DeviceRole::Input, vec![s.t, s.h], DL16);
+            add("idx", DeviceRole::Routes, vec![s.t, s.r], F32);
+            add("weights", DeviceRole::RouteWeights, vec![s.t, s.r], F32);
+            add("gate", DeviceRole::Bank, vec![s.e, s.h, s.f], DL16);
+            add("up", DeviceRole::Bank, vec![s.e, s.h, s.f], DL16);
+            add("down", DeviceRole::Bank, vec![s.e, s.f, s.h], DL16);
+            add("act", DeviceRole::Scratch, vec![s.t, s.r, s.f], DL16);
+            add("out", DeviceRole::Output, vec![s.t, s.h], F32);
             vec![
-                gate_up(k, &s, IrPhase::GateUp, "act")?,
-                down(k, &s, IrPhase::Down, "act")?,
+                gate_up(k, &s, Phase::GateUp, "act")?,
+                down(k, &s, Phase::Down, "act")?,
             ]
         }
-        (IrOp::ExpertFfn, Selection::Dense) => {
-            add("x", Role::Input, vec![s.t, s.h], DL16);
+        (Op::ExpertFfn, Selection::Dense) => {
+            add("x", DeviceRole::Input, vec![s.t, s.h], DL16);
             add(
                 "routes",
-                Role::DenseRoutes,
+                DeviceRole::DenseRoutes,
                 vec![s.e, s.t, STICK_BYTES / F32],
                 F32,
             );
-            add("gate", Role::Bank, vec![s.e, s.h, s.f], DL16);
-            add("up", Role::Bank, vec![s.e, s.h, s.f], DL16);
-            add("down", Role::Bank, vec![s.e, s.f, s.h], DL16);
-            add("out", Role::Output, vec![s.t, s.h], F32);
+            add("gate", DeviceRole::Bank, vec![s.e, s.h, s.f], DL16);
+            add("up", DeviceRole::Bank, vec![s.e, s.h, s.f], DL16);
+            add("down", DeviceRole::Bank, vec![s.e, s.f, s.h], DL16);
+            add("out", DeviceRole::Output, vec![s.t, s.h], F32);
             vec![persistent(k, &s)?]
         }
         _ => unreachable!("checked by `lowered`"),

@@ -2,7 +2,7 @@
 
 use super::*;
 use moek_ir::spyre::*;
-use moek_ir::{DimName, Kernel, Phase as IrPhase};
+use moek_ir::{DimName, Kernel, Phase};
 
 /// The persistent expert loop (docs/spyre-program.md, "The persistent expert loop"): x staged once (preheader), the accumulator
 /// filled once, a counted loop over experts whose body stays in LX with exactly four advancing
@@ -14,7 +14,7 @@ use moek_ir::{DimName, Kernel, Phase as IrPhase};
 /// changes owner (no LX transfers are lowered yet). Per trip and F tile: gate and up tiles, two
 /// matmuls, the ring, `gelu(g) * u`, the down tile and a matmul accumulating over F in order; then
 /// each token's row is scaled by its routing stick into the accumulator.
-pub(super) fn persistent(k: &Kernel, s: &Sizes) -> Result<Phase, LowerError> {
+pub(super) fn persistent(k: &Kernel, s: &Sizes) -> Result<Stage, LowerError> {
     let part = |phase, d: DimName| {
         k.cores_for(phase)
             .iter()
@@ -22,19 +22,16 @@ pub(super) fn persistent(k: &Kernel, s: &Sizes) -> Result<Phase, LowerError> {
             .map_or(1, |x| x.parts)
     };
     let (pt, ph) = (
-        part(IrPhase::GateUp, DimName::T),
-        part(IrPhase::GateUp, DimName::H),
+        part(Phase::GateUp, DimName::T),
+        part(Phase::GateUp, DimName::H),
     );
-    let (pdt, pdh) = (
-        part(IrPhase::Down, DimName::T),
-        part(IrPhase::Down, DimName::H),
-    );
+    let (pdt, pdh) = (part(Phase::Down, DimName::T), part(Phase::Down, DimName::H));
     let cores = pt * ph;
     let groups = k.schedule.groups.map_or(cores, |g| g.parts);
     let other = k
-        .cores_for(IrPhase::GateUp)
+        .cores_for(Phase::GateUp)
         .iter()
-        .chain(k.cores_for(IrPhase::Down))
+        .chain(k.cores_for(Phase::Down))
         .any(|x| !matches!(x.dim, DimName::T | DimName::H) && x.parts > 1);
     if other || !k.schedule.reduce.is_empty() || !k.schedule.columns.is_empty() {
         return Err(LowerError::NotYet(
@@ -97,7 +94,7 @@ pub(super) fn persistent(k: &Kernel, s: &Sizes) -> Result<Phase, LowerError> {
     let rw = plan.buf("routing", td * lanes, false);
     let fixed = plan.next + 8 * STICK_BYTES;
     let streamed = Streamed {
-        phase: IrPhase::GateUp,
+        phase: Phase::GateUp,
         along: DimName::F,
         reduction: DimName::H,
         size: s.h,
@@ -120,7 +117,7 @@ pub(super) fn persistent(k: &Kernel, s: &Sizes) -> Result<Phase, LowerError> {
     let (t0, h0) = (Affine::of("T", tg), Affine::of("H", hg));
     let (d0, e0) = (Affine::of("Td", td), Affine::of("Hd", hd));
     let preheader = vec![
-        Op::DmaIn {
+        Instr::DmaIn {
             region: Region {
                 tensor: "x".into(),
                 start: vec![t0, h0.clone()],
@@ -128,18 +125,18 @@ pub(super) fn persistent(k: &Kernel, s: &Sizes) -> Result<Phase, LowerError> {
             },
             to: x.clone(),
         },
-        Op::Sfp(Sfp::Zero {
+        Instr::Sfp(Sfp::Zero {
             out: acc.clone(),
             elems: td * hd,
         }),
     ];
     let zero = Affine::constant(0);
     let mut body = vec![
-        Op::Sfp(Sfp::Zero {
+        Instr::Sfp(Sfp::Zero {
             out: y.clone(),
             elems: td * hd,
         }),
-        Op::DmaIn {
+        Instr::DmaIn {
             region: Region {
                 tensor: "routes".into(),
                 start: vec![zero.clone(), d0.clone(), zero.clone()],
@@ -156,11 +153,11 @@ pub(super) fn persistent(k: &Kernel, s: &Sizes) -> Result<Phase, LowerError> {
                 start: vec![zero.clone(), h0.clone(), Affine::constant(c0)],
                 extent: vec![1, hg, n],
             };
-            body.push(Op::DmaIn {
+            body.push(Instr::DmaIn {
                 region,
                 to: w.clone(),
             });
-            body.push(Op::Matmul {
+            body.push(Instr::Matmul {
                 a: x.clone(),
                 a_at: Affine::default(),
                 b: w.clone(),
@@ -171,14 +168,14 @@ pub(super) fn persistent(k: &Kernel, s: &Sizes) -> Result<Phase, LowerError> {
                 accumulate: false,
             });
             if ph > 1 {
-                body.push(Op::RingReduce {
+                body.push(Instr::RingReduce {
                     buffer: out.clone(),
                     dim: "H".into(),
                     elems: tg * n,
                 });
             }
         }
-        body.push(Op::Sfp(Sfp::act_mul(
+        body.push(Instr::Sfp(Sfp::act_mul(
             k.activation,
             g.clone(),
             u.clone(),
@@ -190,12 +187,12 @@ pub(super) fn persistent(k: &Kernel, s: &Sizes) -> Result<Phase, LowerError> {
             start: vec![zero.clone(), Affine::constant(c0), e0.clone()],
             extent: vec![1, n, hd],
         };
-        body.push(Op::DmaIn {
+        body.push(Instr::DmaIn {
             region,
             to: wd.clone(),
         });
         // This core's down tokens are rows `sub * td ..` of its gate/up activation tile.
-        body.push(Op::Matmul {
+        body.push(Instr::Matmul {
             a: a.clone(),
             a_at: Affine::of("Tsub", td * n),
             b: wd.clone(),
@@ -207,7 +204,7 @@ pub(super) fn persistent(k: &Kernel, s: &Sizes) -> Result<Phase, LowerError> {
         });
     }
     for row in 0..td {
-        body.push(Op::Sfp(Sfp::ScaleAcc {
+        body.push(Instr::Sfp(Sfp::ScaleAcc {
             acc: acc.clone(),
             acc_at: row * hd,
             y: y.clone(),
@@ -223,7 +220,7 @@ pub(super) fn persistent(k: &Kernel, s: &Sizes) -> Result<Phase, LowerError> {
             per_trip: 1,
         })
         .to_vec();
-    let drain = vec![Op::DmaOut {
+    let drain = vec![Instr::DmaOut {
         from: acc,
         region: Region {
             tensor: "out".into(),
@@ -232,7 +229,7 @@ pub(super) fn persistent(k: &Kernel, s: &Sizes) -> Result<Phase, LowerError> {
         },
         owner: vec![],
     }];
-    let looped = Op::Loop {
+    let looped = Instr::Loop {
         trips: s.e,
         advancing,
         preheader,

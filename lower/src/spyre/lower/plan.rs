@@ -3,7 +3,7 @@
 
 use super::*;
 use moek_ir::spyre::*;
-use moek_ir::{DimName, Kernel, Phase as IrPhase};
+use moek_ir::{DimName, Kernel, Phase};
 
 /// The fixed sizes of a Spyre spec (validation guarantees they are fixed).
 pub(super) struct Sizes {
@@ -39,7 +39,7 @@ pub(super) struct Division {
 }
 
 impl Division {
-    pub(super) fn of(k: &Kernel, phase: IrPhase) -> Result<Self, LowerError> {
+    pub(super) fn of(k: &Kernel, phase: Phase) -> Result<Self, LowerError> {
         let slices: Vec<(String, usize)> = k
             .cores_for(phase)
             .iter()
@@ -150,8 +150,8 @@ impl Plan {
         mut self,
         name: &str,
         div: Division,
-        body: Vec<Op>,
-    ) -> Result<Phase, LowerError> {
+        body: Vec<Instr>,
+    ) -> Result<Stage, LowerError> {
         let last = flat_len(&body).saturating_sub(1);
         self.buffers.iter_mut().for_each(|b| b.live = (0, last));
         if self.next > LX_BUDGET {
@@ -166,7 +166,7 @@ impl Plan {
                 list.join(", ")
             )));
         }
-        Ok(Phase {
+        Ok(Stage {
             name: name.into(),
             slices: div.slices,
             core_slice: div.core_slice,
@@ -180,7 +180,7 @@ impl Plan {
 /// What one column of a streamed weight tile holds in LX, so a tile that cannot fit says which
 /// phase and reduction to cut, and by how much.
 pub(super) struct Streamed {
-    pub(super) phase: IrPhase,
+    pub(super) phase: Phase,
     /// The dim the tile advances along.
     pub(super) along: DimName,
     /// The dim each tile column's weight rows run along, its size, and its widest segment per
@@ -205,7 +205,7 @@ impl Streamed {
     fn refusal(&self, k: &Kernel, fixed: usize) -> LowerError {
         let stick = STICK_BYTES / DL16;
         let (phase, cores) = match self.phase {
-            IrPhase::All => (format!("`{}`", k.op), "cores".to_string()),
+            Phase::All => (format!("`{}`", k.op), "cores".to_string()),
             p => (format!("the {p} phase"), format!("cores({p})")),
         };
         let r = self.reduction;
