@@ -62,6 +62,16 @@ impl Options {
 /// A family's loaded model, borrowing the checkpoint it was read from.
 pub type Loaded<'c> = Box<dyn CausalLm + Send + Sync + 'c>;
 
+/// Builds a family's model from a checkpoint, its config.json, the options and the storage
+/// dtype, reporting layers loaded as it goes.
+pub type LoadFn = for<'c> fn(
+    &'c Checkpoint,
+    &Value,
+    &Options,
+    Dtype,
+    &mut dyn FnMut(usize),
+) -> Result<Loaded<'c>, LoadError>;
+
 /// One family: the `model_type`s that name it, the tensor whose dtype is the model's storage
 /// dtype (one never quantized), its layer count, stop tokens, and how its model is built.
 #[derive(Debug)]
@@ -73,13 +83,7 @@ pub struct FamilyRow {
     /// Whether the checkpoint tensor `name` is one `--quantize` and `moek quantize` put in
     /// blocks (the expert banks, and the largest matrices the family's loader reads as blocks).
     pub quantized: fn(&str) -> bool,
-    pub load: for<'c> fn(
-        &'c Checkpoint,
-        &Value,
-        &Options,
-        Dtype,
-        &mut dyn FnMut(usize),
-    ) -> Result<Loaded<'c>, LoadError>,
+    pub load: LoadFn,
 }
 
 /// `$body` with `$w` the element type of the safetensors dtype `$dtype`.
