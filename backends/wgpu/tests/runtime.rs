@@ -86,10 +86,11 @@ fn a_plan_runs_over_chunked_tensors_with_its_trip() {
 fn a_program_the_device_refuses_is_an_error_not_a_panic() {
     let gpu = Gpu::shared().expect("an adapter (lavapipe where there is no GPU)");
     let broken = plan(&SOURCE.replace("2.0 * v", "2.0 * undefined_name"));
-    let err = gpu
+    let Err(err) = gpu
         .program("runtime-test-broken", || Ok::<_, ()>(broken))
         .unwrap()
-        .err()
-        .expect("an invalid shader is refused");
+    else {
+        panic!("an invalid shader is refused");
+    };
     assert!(matches!(err, GpuError::Validation { .. }), "{err}");
 }
