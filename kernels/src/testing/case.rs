@@ -34,11 +34,13 @@ impl<W: Elem> Drawn for Case<W> {
     ) -> Result<Ran, String> {
         assert_eq!(dtype, W::DTYPE, "a case of {} runs that dtype", W::DTYPE);
         let inputs = self.inputs();
-        inputs
-            .validate(&self.shape, out.len())
-            .expect("the harness builds well-formed inputs");
-        let inputs = crate::inputs::AnyInputs::new(&inputs, W::DTYPE);
-        backend::run(on, entry, &self.shape, &inputs, out)
+        run_checked(
+            on,
+            entry,
+            &self.shape,
+            AnyInputs::new(&inputs, W::DTYPE),
+            out,
+        )
     }
 
     fn compare(

@@ -10,7 +10,7 @@
 pub use crate::backend::Modeled;
 use crate::backend::{self, Ran};
 use crate::elem::{Elem, QuantAct, QuantElem};
-use crate::inputs::{Inputs, output_len};
+use crate::inputs::{AnyInputs, Inputs, output_len};
 use crate::registry::KernelEntry;
 use half::{bf16, f16};
 use moek_ir::quant;
@@ -86,4 +86,19 @@ pub fn check_spec(entry: &KernelEntry, target: Target, dtype: DType) {
             );
         }
     }
+}
+
+/// Runs `entry`'s variant on `inputs` the harness drew, checked first (a malformed draw is a
+/// harness bug, not a variant's failure).
+fn run_checked(
+    on: &crate::Backend,
+    entry: &KernelEntry,
+    shape: &Shape,
+    inputs: AnyInputs<'_, '_>,
+    out: &mut [f32],
+) -> Result<Ran, String> {
+    inputs
+        .validate(shape, out.len())
+        .expect("the harness builds well-formed inputs");
+    backend::run(on, entry, shape, &inputs, out)
 }
