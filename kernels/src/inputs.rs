@@ -299,7 +299,8 @@ fn check(op: Op, tensors: &[AnyTensor<'_>], s: &Shape, out_len: usize) -> Result
         }
     }
     for t in tensors.iter().filter(|t| t.def.class == ElemClass::Index) {
-        let idx: Vec<u32> = bytemuck::pod_collect_to_vec(t.bytes);
+        // Index tensors are erased from `&[u32]`, so their bytes are aligned u32s.
+        let idx: &[u32] = bytemuck::cast_slice(t.bytes);
         let bad = idx.iter().enumerate().find(|&(_, &i)| i as usize >= s.e);
         if let Some((slot, &index)) = bad {
             return Err(InputError::Route {

@@ -46,9 +46,10 @@ impl Options {
     /// slow on some machines), mapped on a device backend, whose kernels read what they uploaded.
     pub fn residence(&self) -> Residence {
         self.weights
-            .unwrap_or(match self.backend.target == moek_kernels::ir::Target::Cpu {
-                true => Residence::HugePages,
-                false => Residence::Mapped,
+            .unwrap_or(if self.backend.target == moek_kernels::ir::Target::Cpu {
+                Residence::HugePages
+            } else {
+                Residence::Mapped
             })
     }
 
@@ -72,8 +73,9 @@ pub type LoadFn = for<'c> fn(
     &mut dyn FnMut(usize),
 ) -> Result<Loaded<'c>, LoadError>;
 
-/// One family: the `model_type`s that name it, the tensor whose dtype is the model's storage
-/// dtype (one never quantized), its layer count, stop tokens, and how its model is built.
+/// One family (config.json's `model_type` names it, `Family::of`): the tensor whose dtype is the
+/// model's storage dtype (one never quantized), its layer count, stop tokens, which tensors are
+/// quantized, and how its model is built.
 #[derive(Debug)]
 pub struct FamilyRow {
     pub family: Family,
@@ -173,6 +175,11 @@ impl Model {
     pub fn eos(&self) -> &[u32] {
         &self.eos
     }
+
+    /// The checkpoint the model reads its weights from.
+    pub fn checkpoint(&self) -> &Checkpoint {
+        self.cell.borrow_owner()
+    }
 }
 
 impl CausalLm for Model {
@@ -232,7 +239,7 @@ pub fn open_with_progress(
     // size with `quantize`); a mapped checkpoint larger than memory still runs, its pages read
     // again from the file as they are needed.
     if options.residence() == Residence::HugePages {
-        let bytes = crate::quantized::resident_bytes(&ck, options.quantize) as u64;
+        let bytes = crate::quantized::resident_bytes(&ck, options.quantize, row.quantized) as u64;
         if let Some(available) = crate::limits::memory_available()
             && bytes > available
         {

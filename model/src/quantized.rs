@@ -126,12 +126,16 @@ pub fn read_bank<'c, W: Elem>(
     }
 }
 
-/// Bytes `ck`'s tensors take once loaded: the checkpoint's own, its plain expert banks at
-/// `quantize`'s size when that is set.
-pub fn resident_bytes(ck: &Checkpoint, quantize: Option<Quant>) -> usize {
+/// Bytes `ck`'s tensors take once loaded: the checkpoint's own, the plain ones its family
+/// quantizes (`quantized`, the family row's choice) at `quantize`'s size when that is set.
+pub fn resident_bytes(
+    ck: &Checkpoint,
+    quantize: Option<Quant>,
+    quantized: fn(&str) -> bool,
+) -> usize {
     ck.sizes()
         .map(|(name, dtype, bytes)| match quantize {
-            Some(q) if quantized_tensor(name) && dtype != safetensors::Dtype::U8 => {
+            Some(q) if quantized(name) && dtype != safetensors::Dtype::U8 => {
                 let stored = q.dtype().block_bytes(BLOCK).expect("a quantized dtype") as f64;
                 let per_value = stored / BLOCK as f64;
                 (bytes as f64 / dtype.bitsize() as f64 * 8.0 * per_value) as usize
@@ -172,46 +176,42 @@ pub fn write_quantized(
         };
         Ok(bytemuck::cast_slice(&blocks).to_vec())
     }
-    let mut names: Vec<&str> = ck.sizes().map(|(name, _, _)| name).collect();
-    names.sort_unstable();
-    let mut quantized_bytes = vec![];
-    for &name in &names {
-        let (dtype, shape, _) = ck.raw(name).expect("a listed tensor");
+    // Every tensor as it will be written: its blocks (owned), or its stored bytes (mapped).
+    let mut tensors = vec![];
+    for (name, _, _) in ck.sizes() {
+        let (dtype, shape, bytes) = ck.raw(name).expect("a listed tensor");
         let plain = matches!(dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32);
-        if quantized(name) && plain && shape.len() >= 2 {
-            let (bytes, shape) = match quant {
+        tensors.push(if quantized(name) && plain && shape.len() >= 2 {
+            match quant {
                 Quant::Q8 => (
-                    blocks_of::<BlockQ8_0>(ck, name, dtype, shape)?,
+                    name,
+                    Dtype::U8,
                     block_shape::<BlockQ8_0>(shape),
+                    Cow::Owned(blocks_of::<BlockQ8_0>(ck, name, dtype, shape)?),
                 ),
                 Quant::Q4 => (
-                    blocks_of::<BlockQ4_0>(ck, name, dtype, shape)?,
+                    name,
+                    Dtype::U8,
                     block_shape::<BlockQ4_0>(shape),
+                    Cow::Owned(blocks_of::<BlockQ4_0>(ck, name, dtype, shape)?),
                 ),
-            };
-            quantized_bytes.push((name, shape, bytes));
-        }
+            }
+        } else {
+            (name, dtype, shape.to_vec(), Cow::Borrowed(bytes))
+        });
     }
     let format = |why: String| LoadError::Format {
         path: path.to_path_buf(),
         why,
     };
-    let view = |name: &str, dtype, shape: Vec<usize>, bytes| {
-        TensorView::new(dtype, shape, bytes)
-            .map_err(|e| format(format!("`{name}` cannot be written: {e}")))
-    };
-    let mut views = vec![];
-    for &name in &names {
-        match quantized_bytes.iter().find(|(n, _, _)| *n == name) {
-            Some((_, shape, bytes)) => {
-                views.push((name, view(name, Dtype::U8, shape.clone(), bytes)?))
-            }
-            None => {
-                let (dtype, shape, bytes) = ck.raw(name).expect("a listed tensor");
-                views.push((name, view(name, dtype, shape.to_vec(), bytes)?));
-            }
-        }
-    }
+    let views = tensors
+        .iter()
+        .map(|(name, dtype, shape, bytes)| {
+            TensorView::new(*dtype, shape.clone(), bytes)
+                .map(|view| (*name, view))
+                .map_err(|e| format(format!("`{name}` cannot be written: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let metadata = std::collections::HashMap::from([(
         QUANTIZATION_KEY.to_string(),
         quant.dtype().name().to_string(),

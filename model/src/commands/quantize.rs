@@ -49,14 +49,14 @@ pub fn run(args: &QuantizeArgs) -> Result<ExitCode, CommandError> {
             args.out.display()
         )));
     }
-    let ck = Checkpoint::open(&args.model)?;
-    // The source opens as its family's model (mapped: nothing is copied) before anything is
-    // written, so a config or tensor it would refuse fails here, not at the next load.
+    // The source opens as its family's model (mapped) before anything is written, so a config
+    // or tensor it would refuse fails here, not at the next load; its checkpoint is the one read.
     let options = crate::open::Options {
         weights: Some(crate::checkpoint::Residence::Mapped),
         ..Default::default()
     };
-    crate::open::open(&args.model, &options)?;
+    let source = crate::open::open(&args.model, &options)?;
+    let ck = source.checkpoint();
     if let Some(q) = ck.quantization() {
         return Err(CommandError::Usage(format!(
             "`{}` is already quantized ({q}); quantize from the checkpoint it was made from",
@@ -70,7 +70,7 @@ pub fn run(args: &QuantizeArgs) -> Result<ExitCode, CommandError> {
     std::fs::create_dir_all(&args.out).map_err(io(&args.out))?;
     // Written under a temporary name and renamed: a failed run leaves no half a checkpoint.
     let partial = args.out.join("model.safetensors.partial");
-    let written = crate::quantized::write_quantized(&ck, row.quantized, args.dtype, &partial);
+    let written = crate::quantized::write_quantized(ck, row.quantized, args.dtype, &partial);
     if let Err(e) = written {
         let _ = std::fs::remove_file(&partial);
         return Err(e.into());
