@@ -200,6 +200,22 @@ impl Runtime for Cpu {
             Some(f(shape, inputs.typed::<Q, A>()?, out))
         }
         let (e, s) = (entry, shape);
+        #[cfg(feature = "cpu")]
+        if let Some(tables) = entry.run_time_tables() {
+            return crate::cpu::run_tables(tables, s, inputs, out)
+                .map(|argmax| Ran {
+                    argmax,
+                    ..Ran::default()
+                })
+                .ok_or_else(|| {
+                    format!(
+                        "`{}` runs the {:?} skeleton, which has no CPU instantiation for {}",
+                        entry.name(),
+                        tables.skeleton,
+                        inputs.dtype
+                    )
+                });
+        }
         let argmax = match inputs.dtype {
             DType::F16 => plain::<half::f16>(e, s, inputs, out),
             DType::Bf16 => plain::<half::bf16>(e, s, inputs, out),

@@ -4,6 +4,7 @@
 //! - [`specs`]: the built-in specs (the optimised decode and prefill variants, general fallbacks).
 //! - [`dispatch`]: which variant is eligible on a backend, which is chosen and why.
 //! - [`inputs`]: the tensors each op takes, checked before anything runs.
+//! - [`cpu`] (feature `cpu`): a schedule's tables bound to an op's inputs, run by moek-cpu.
 //! - [`testing`] (feature `testing`): the equivalence harness every spec's generated tests call.
 //!
 //! Backends are cargo features (`cpu`, `spyre`, `wgpu`); generated code reaches them through
@@ -12,6 +13,8 @@
 extern crate self as moek_kernels;
 
 pub mod backend;
+#[cfg(feature = "cpu")]
+pub mod cpu;
 pub mod dispatch;
 pub mod elem;
 pub mod geometry;
@@ -36,6 +39,8 @@ pub use registry::{BlockFns, CpuFn, CpuFns, KernelEntry, QuantFns, Rank, Registr
 /// What generated code names; not a public API.
 #[doc(hidden)]
 pub mod __private {
+    #[cfg(feature = "cpu")]
+    pub use crate::cpu::{run_gathered, run_gemm};
     #[cfg(feature = "cpu")]
     pub use moek_cpu as cpu;
     pub use rayon;

@@ -3,6 +3,7 @@
 use crate::inputs::Inputs;
 use half::{bf16, f16};
 use moek_ir::Kernel;
+use moek_ir::cpu::Tables;
 use moek_ir::reference::Shape;
 use std::any::Any;
 use std::fmt;
@@ -82,6 +83,8 @@ pub struct KernelEntry {
     ir: Kernel,
     cpu_source: &'static str,
     pub cpu: CpuFns,
+    /// The CPU schedule built at run time, for an entry without compiled CPU functions.
+    tables: Option<Tables<'static>>,
 }
 
 impl KernelEntry {
@@ -92,7 +95,27 @@ impl KernelEntry {
             ir,
             cpu_source,
             cpu,
+            tables: None,
         }
+    }
+
+    /// An entry for a schedule given at run time (a candidate `moek tune` times, say): its CPU
+    /// variant is the schedule's tables run by the same skeletons a compiled variant calls, so
+    /// it needs no rebuild; the other backends lower the IR as they do for every entry. The IR
+    /// must be one the checker accepted (a compiled spec's, or a candidate that passed
+    /// `moek_dsl`'s checks): nothing here re-validates it.
+    pub fn scheduled(ir: Kernel) -> Self {
+        KernelEntry {
+            tables: Some(Tables::of(&ir)),
+            ir,
+            cpu_source: "",
+            cpu: CpuFns::NONE,
+        }
+    }
+
+    /// The schedule tables of an entry built by [`KernelEntry::scheduled`].
+    pub fn run_time_tables(&self) -> Option<&Tables<'static>> {
+        self.tables.as_ref()
     }
 
     /// The CPU variant's Rust source, as the macro generated it (empty without a CPU target).

@@ -1,7 +1,8 @@
 //! CPU primitives that generated kernels compose: dot products, GEMM tiles, activations.
 //!
-//! The schedule (blocks, splits, loops) lives in the generated code; this crate only knows how to
-//! multiply contiguous runs of numbers fast. Every primitive has an AVX-512 path (BF16 dot
+//! A schedule (blocks, splits, groups) is data, [`moek_ir::cpu::Tables`]: the generic loop nests
+//! in [`skeleton`] follow it, whether it was compiled into a spec's variant or built at run time
+//! from the IR; the primitives below multiply contiguous runs of numbers fast. Every primitive has an AVX-512 path (BF16 dot
 //! products, 16-bit conversion), an AVX2 path ([`avx2`]: FMA, F16C) and a portable path, chosen
 //! at run time; `MOEK_CPU_ISA` forces one (see [`isa`]).
 
@@ -20,6 +21,7 @@ pub mod pool;
 pub mod quant;
 pub mod schedule;
 pub mod scratch;
+pub mod skeleton;
 
 pub use activation::{gelu_tanh, silu, softcap, softcap_slice, swiglu_clamped};
 pub use axpy::axpy;

@@ -95,6 +95,9 @@ pub trait Weight: Packed + Copy + Send + Sync + 'static {
         segs: &[(usize, usize)],
         out: &mut [f32],
     );
+
+    /// Value `i` of a stored tensor, exactly (read where a value is added as a number: biases).
+    fn value(w: &[Self], i: usize) -> f32;
 }
 
 /// The plain elements: [`crate::dot::dot_rows`].
@@ -111,6 +114,10 @@ macro_rules! plain_weight {
             ) {
                 let start = rows.start;
                 crate::dot::dot_rows(x, mat, ld, rows, segs, |j, v| out[j - start] = v);
+            }
+
+            fn value(w: &[$ty], i: usize) -> f32 {
+                w[i].to_f32()
             }
         }
     )*};
@@ -195,6 +202,11 @@ macro_rules! quantized_weight {
                     xq.quantize(x);
                     rows_q(xq, mat, ld, rows, segs, out);
                 });
+            }
+
+            fn value(w: &[$ty<G>], i: usize) -> f32 {
+                let (b, k) = (&w[i / Self::VALUES], i % Self::VALUES);
+                b.scale() * b.step(k / GROUP, k % GROUP) as f32
             }
         }
     )*};

@@ -1,0 +1,275 @@
+//! The skeletons that multiply activations and weights as GEMM operands, of one element type:
+//! tokens grouped by expert, the persistent loop over experts, the dense MLP.
+
+use super::{Bank, Routes, blocks, combine_routes, gated};
+use crate::{Element, Grid, Scratch, SharedOut, clip, gemm_nt};
+use moek_ir::DimName::{F, H, T};
+use moek_ir::cpu::Tables;
+use moek_ir::reference::Shape;
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// `n` token rows `xs [n, H]` in token order; `rows_of` maps a range of tokens to its rows.
+struct Rows<'a, W, M> {
+    xs: &'a [W],
+    n: usize,
+    rows_of: M,
+}
+
+/// GEMM gate/up phase: units T x F x H (the first phase's split), H in declared blocks, H parts
+/// completed in part order; returns the activation `[n, F]` in the weight dtype.
+fn gemm_gate_up<W: Element, M: Fn(Range<usize>) -> Range<usize> + Sync>(
+    t: &Tables,
+    s: &Shape,
+    rows: &Rows<'_, W, M>,
+    gate: &[W],
+    up: &[W],
+) -> Vec<W> {
+    let (t_n, f_n, h_n, n) = (s.t, s.f, s.h, rows.n);
+    let p = t.cores[0];
+    let ph = p.of_dim(H);
+    let grid = Grid::new([(t_n, p.of_dim(T)), (f_n, p.of_dim(F)), (h_n, ph)]);
+    let h_blocks = blocks(&t.reduce_h, h_n);
+    let mut partials = vec![0f32; ph * n * 2 * f_n];
+    {
+        let shared = SharedOut::new(&mut partials);
+        (0..grid.units()).into_par_iter().for_each(|unit| {
+            let [tr, fr, hr] = grid.ranges(unit);
+            let hp = grid.index(unit)[2];
+            let m = (rows.rows_of)(tr);
+            if m.is_empty() || fr.is_empty() {
+                return;
+            }
+            let segs = clip(&h_blocks, hr);
+            let xm = &rows.xs[m.start * h_n..m.end * h_n];
+            for (mat, off) in [(gate, 0), (up, f_n)] {
+                let mut c = vec![0f32; m.len() * fr.len()];
+                for &(s0, s1) in &segs {
+                    let (fl, ml) = (fr.len(), m.len());
+                    let w = &mat[fr.start * h_n + s0..];
+                    gemm_nt(&xm[s0..], h_n, w, h_n, &mut c, fl, ml, fl, s1 - s0);
+                }
+                let at = (hp * n + m.start) * 2 * f_n + off + fr.start;
+                // SAFETY: this unit owns rows m, columns fr of its H part.
+                unsafe { shared.write_tile(at, 2 * f_n, &c, m.len(), fr.len()) };
+            }
+        });
+    }
+    (0..n * f_n)
+        .into_par_iter()
+        .map(|i| {
+            let (row, j) = (i / f_n, i % f_n);
+            let (mut g, mut u) = (0f32, 0f32);
+            for p in 0..ph {
+                let b = (p * n + row) * 2 * f_n;
+                g += partials[b + j];
+                u += partials[b + f_n + j];
+            }
+            W::from_f32(gated(t.activation, g, u))
+        })
+        .collect()
+}
+
+/// GEMM down phase: `y[fpart][row][H] = aw . down^T`, units T x H x F (the second phase's
+/// split), H in column blocks, F in declared blocks; returns `y` and its F parts.
+fn gemm_down<W: Element, M: Fn(Range<usize>) -> Range<usize> + Sync>(
+    t: &Tables,
+    s: &Shape,
+    rows: &Rows<'_, W, M>,
+    aw: &[W],
+    down: &[W],
+) -> (Vec<f32>, usize) {
+    let (t_n, f_n, h_n, n) = (s.t, s.f, s.h, rows.n);
+    let p = t.cores[1];
+    let f_parts = p.of_dim(F);
+    let grid = Grid::new([(t_n, p.of_dim(T)), (h_n, p.of_dim(H)), (f_n, f_parts)]);
+    let f_blocks = blocks(&t.reduce_f, f_n);
+    let h_cols = blocks(&t.columns_h, h_n);
+    let mut y = vec![0f32; f_parts * n * h_n];
+    {
+        let shared = SharedOut::new(&mut y);
+        (0..grid.units()).into_par_iter().for_each(|unit| {
+            let [tr, hr, fr] = grid.ranges(unit);
+            let fp = grid.index(unit)[2];
+            let m = (rows.rows_of)(tr);
+            if m.is_empty() {
+                return;
+            }
+            let segs = clip(&f_blocks, fr);
+            let am = &aw[m.start * f_n..m.end * f_n];
+            for (c0, c1) in clip(&h_cols, hr) {
+                let (cl, ml) = (c1 - c0, m.len());
+                let mut c = vec![0f32; ml * cl];
+                for &(s0, s1) in &segs {
+                    let w = &down[c0 * f_n + s0..];
+                    gemm_nt(&am[s0..], f_n, w, f_n, &mut c, cl, ml, cl, s1 - s0);
+                }
+                // SAFETY: this unit owns rows m, columns c0..c1 of its F part.
+                unsafe { shared.write_tile((fp * n + m.start) * h_n + c0, h_n, &c, ml, cl) };
+            }
+        });
+    }
+    (y, f_parts)
+}
+
+/// Dense over experts, in a persistent loop: x and the accumulator (`out`) stay, one expert bank
+/// per trip; token groups own their accumulator rows. Routing is materialised densely (one
+/// weight per token and expert, 0 when unselected); a token whose weight is 0 adds exactly 0, so
+/// its rows are skipped (the loop still visits every expert).
+pub fn persistent_ffn<W: Element>(
+    t: &Tables,
+    s: &Shape,
+    x: &[W],
+    routes: Routes<'_>,
+    bank: Bank<'_, W>,
+    out: &mut [f32],
+) {
+    let (t_n, r_n, e_n, f_n, h_n) = (s.t, s.r, s.e, s.f, s.h);
+    let route = crate::dense_routes(routes.idx, routes.weights, t_n, r_n, e_n);
+    let groups = Grid::new([(t_n, t.groups)]);
+    out[..t_n * h_n].fill(0.0);
+    for e in 0..e_n {
+        let active: Vec<usize> = (0..t_n)
+            .filter(|&tok| route[tok * e_n + e] != 0.0)
+            .collect();
+        if active.is_empty() {
+            continue;
+        }
+        let n = active.len();
+        let rows_of = |tr: Range<usize>| {
+            active.partition_point(|&tok| tok < tr.start)
+                ..active.partition_point(|&tok| tok < tr.end)
+        };
+        let mut xs = Scratch::<W>::zeroed(n * h_n);
+        crate::gather_rows_into(&mut xs, x, h_n, active.iter().copied());
+        let bank_gu = &bank.gate_up[e * 2 * f_n * h_n..(e + 1) * 2 * f_n * h_n];
+        let bank_dn = &bank.down[e * h_n * f_n..(e + 1) * h_n * f_n];
+        let rows = Rows {
+            xs: &xs,
+            n,
+            rows_of,
+        };
+        let (gate, up) = bank_gu.split_at(f_n * h_n);
+        let aw = gemm_gate_up(t, s, &rows, gate, up);
+        let (y, f_parts) = gemm_down(t, s, &rows, &aw, bank_dn);
+        // Token groups add their tokens' weighted results to the resident accumulator.
+        let acc = SharedOut::new(&mut out[..t_n * h_n]);
+        (0..groups.units()).into_par_iter().for_each(|g| {
+            let [tr] = groups.ranges(g);
+            for i in (rows.rows_of)(tr) {
+                let tok = active[i];
+                let w = route[tok * e_n + e];
+                // SAFETY: token `tok` belongs to this group only.
+                let o = unsafe { acc.slice(tok * h_n, h_n) };
+                for (j, o) in o.iter_mut().enumerate() {
+                    let mut v = 0f32;
+                    for p in 0..f_parts {
+                        v += y[(p * n + i) * h_n + j];
+                    }
+                    *o += w * v;
+                }
+            }
+        });
+    }
+}
+
+/// Tokens grouped by expert (data-dependent sizes): one GEMM pair per expert, experts as work
+/// units (H in declared blocks for gate/up; H in column blocks, F in declared blocks for down),
+/// then the K-axis combine in route order.
+pub fn grouped_ffn<W: Element>(
+    t: &Tables,
+    s: &Shape,
+    x: &[W],
+    routes: Routes<'_>,
+    bank: Bank<'_, W>,
+    out: &mut [f32],
+) {
+    let (t_n, r_n, e_n, f_n, h_n) = (s.t, s.r, s.e, s.f, s.h);
+    let h_blocks = blocks(&t.reduce_h, h_n);
+    let f_blocks = blocks(&t.reduce_f, f_n);
+    let h_cols = blocks(&t.columns_h, h_n);
+    let lists = crate::group_by_expert(&routes.idx[..t_n * r_n], e_n);
+    let mut ys = vec![0f32; t_n * r_n * h_n];
+    {
+        let shared = SharedOut::new(&mut ys);
+        (0..e_n).into_par_iter().for_each(|e| {
+            let slots = &lists[e];
+            if slots.is_empty() {
+                return;
+            }
+            let n = slots.len();
+            // This worker's scratch, reused from one expert to the next.
+            let mut xs = Scratch::<W>::zeroed(n * h_n);
+            crate::gather_rows_into(&mut xs, x, h_n, slots.iter().map(|s| s / r_n));
+            let bank_gu = &bank.gate_up[e * 2 * f_n * h_n..(e + 1) * 2 * f_n * h_n];
+            let bank_dn = &bank.down[e * h_n * f_n..(e + 1) * h_n * f_n];
+            let mut gu = Scratch::<f32>::zeroed(n * 2 * f_n);
+            for &(s0, s1) in h_blocks.iter() {
+                let (xs, w) = (&xs[s0..], &bank_gu[s0..]);
+                gemm_nt(xs, h_n, w, h_n, &mut gu, 2 * f_n, n, 2 * f_n, s1 - s0);
+            }
+            let mut aw = Scratch::<W>::zeroed(n * f_n);
+            for (row, a) in aw.chunks_exact_mut(f_n).enumerate() {
+                let g = &gu[row * 2 * f_n..][..2 * f_n];
+                for (j, a) in a.iter_mut().enumerate() {
+                    *a = W::from_f32(gated(t.activation, g[j], g[f_n + j]));
+                }
+            }
+            let mut y = Scratch::<f32>::zeroed(n * h_n);
+            for &(c0, c1) in h_cols.iter() {
+                for &(s0, s1) in f_blocks.iter() {
+                    let (a, w) = (&aw[s0..], &bank_dn[c0 * f_n + s0..]);
+                    gemm_nt(a, f_n, w, f_n, &mut y[c0..], h_n, n, c1 - c0, s1 - s0);
+                }
+            }
+            for (i, &slot) in slots.iter().enumerate() {
+                // SAFETY: each route slot chose exactly one expert.
+                unsafe { shared.slice(slot * h_n, h_n) }
+                    .copy_from_slice(&y[i * h_n..(i + 1) * h_n]);
+            }
+        });
+    }
+    combine_routes(out, &ys, routes.weights, t_n, r_n, h_n);
+}
+
+/// The dense MLP: GEMM gate/up and down over all tokens, then the completed sum over the F parts
+/// in part order, each row scaled by `sigmoid(x[t] . output_gate)` if the MLP has that gate.
+pub fn dense_mlp<W: Element>(
+    t: &Tables,
+    s: &Shape,
+    x: &[W],
+    [gate, up, down]: [&[W]; 3],
+    output_gate: Option<&[W]>,
+    out: &mut [f32],
+) {
+    let (t_n, h_n) = (s.t, s.h);
+    let output_gate = t
+        .output_gate
+        .then(|| output_gate.expect("the backend checks the spec's output gate is given"));
+    let rows = Rows {
+        xs: &x[..t_n * h_n],
+        n: t_n,
+        rows_of: |tr: Range<usize>| tr,
+    };
+    let aw = gemm_gate_up(t, s, &rows, gate, up);
+    let (y, f_parts) = gemm_down(t, s, &rows, &aw, down);
+    out[..t_n * h_n]
+        .par_chunks_mut(h_n)
+        .enumerate()
+        .for_each(|(tok, o)| {
+            let scale = output_gate.map(|w| {
+                let z = crate::dot(&x[tok * h_n..(tok + 1) * h_n], w);
+                1.0 / (1.0 + (-z).exp())
+            });
+            for (j, o) in o.iter_mut().enumerate() {
+                let mut v = 0f32;
+                for p in 0..f_parts {
+                    v += y[(p * t_n + tok) * h_n + j];
+                }
+                *o = match scale {
+                    Some(scale) => v * scale,
+                    None => v,
+                };
+            }
+        });
+}

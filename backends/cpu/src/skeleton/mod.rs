@@ -1,0 +1,111 @@
+//! The generic loop nests a schedule runs on: one function per [`Skeleton`], reading the
+//! schedule from its [`Tables`] (blocks, column blocks, core splits, groups), never from code.
+//!
+//! Work units are the declared core splits (a [`Grid`], run with rayon); reduction blocks are
+//! summed in declared order ([`clip`] keeps the order inside a unit's range); a reduction split
+//! across units is completed by adding the units' partials in part order; route owners write one
+//! slot each and the K-axis combine adds routes in route order. Sums therefore never depend on the
+//! thread count. Arithmetic is f32; GEMM paths store the gate/up activation in the weight dtype.
+//!
+//! A generated CPU variant is its spec's tables as a constant and a call into these functions
+//! (moek-kernels binds the op's inputs to them); a schedule given at run time ([`Tables::of`]
+//! its IR) runs the same functions, so the two compute the same numbers at the same speed.
+//!
+//! [`Skeleton`]: moek_ir::cpu::Skeleton
+//! [`Grid`]: crate::Grid
+//! [`clip`]: crate::clip
+//! [`Tables::of`]: moek_ir::cpu::Tables::of
+
+mod gathered;
+mod gemm;
+
+pub use gathered::{down, gate_up, gathered_ffn, lm_head_row, route_owned_ffn};
+pub use gemm::{dense_mlp, grouped_ffn, persistent_ffn};
+
+use crate::Weight;
+use moek_ir::Activation;
+use moek_ir::cpu::{Ranges, Tables};
+use moek_ir::reference::Biases;
+use rayon::prelude::*;
+use std::borrow::Cow;
+
+/// A routed token's experts and their weights: `idx [T, R]`, `weights [T, R]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Routes<'a> {
+    pub idx: &'a [u32],
+    pub weights: &'a [f32],
+}
+
+/// The expert banks in the checkpoint's layouts: `gate_up [E, 2F, H]` (gate rows first),
+/// `down [E, H, F]`, and the biases if the experts have them.
+#[derive(Clone, Copy, Debug)]
+pub struct Bank<'a, W> {
+    pub gate_up: &'a [W],
+    pub down: &'a [W],
+    pub bias: Biases<'a, W>,
+}
+
+impl<'a, W> Bank<'a, W> {
+    /// The biases the spec declares (the backend checked the inputs carry exactly those).
+    fn declared_bias(&self, t: &Tables) -> Biases<'a, W> {
+        let given = |declared: bool, b: Option<&'a [W]>| {
+            declared.then(|| b.expect("the backend checks the spec's biases are given"))
+        };
+        Biases {
+            gate_up: given(t.bias.gate_up, self.bias.gate_up),
+            down: given(t.bias.down, self.bias.down),
+        }
+    }
+}
+
+/// The spec's gated pair `gated(g, u)`.
+#[inline(always)]
+pub fn gated(act: Activation, g: f32, u: f32) -> f32 {
+    match act {
+        Activation::GeluTanh => crate::gelu_tanh(g) * u,
+        Activation::Silu => crate::silu(g) * u,
+        Activation::SwigluClamped { limit, alpha } => crate::swiglu_clamped(g, u, limit, alpha),
+    }
+}
+
+/// Declared blocks, or one block over the whole dim of size `n`.
+fn blocks<'t>(r: &'t Ranges<'_>, n: usize) -> Cow<'t, [(usize, usize)]> {
+    match r {
+        Some(b) => Cow::Borrowed(b),
+        None => Cow::Owned(vec![(0, n)]),
+    }
+}
+
+/// Expert `e`'s gate/up bias added to `g` and `u` for column `j`, if it has one.
+#[inline(always)]
+fn add_gate_up_bias<W: Weight>(
+    b: Option<&[W]>,
+    e: usize,
+    f: usize,
+    j: usize,
+    g: &mut f32,
+    u: &mut f32,
+) {
+    if let Some(b) = b {
+        *g += W::value(b, e * 2 * f + j);
+        *u += W::value(b, e * 2 * f + f + j);
+    }
+}
+
+/// The K-axis combine `out[t] = sum_r w[t,r] * rows[t * R + r]` over one `[H]` row per route
+/// slot, routes added in route order.
+fn combine_routes(out: &mut [f32], rows: &[f32], weights: &[f32], t: usize, r: usize, h: usize) {
+    out[..t * h]
+        .par_chunks_mut(h)
+        .enumerate()
+        .for_each(|(tok, o)| {
+            o.fill(0.0);
+            for route in 0..r {
+                let slot = tok * r + route;
+                let w = weights[slot];
+                for (o, y) in o.iter_mut().zip(&rows[slot * h..(slot + 1) * h]) {
+                    *o += w * y;
+                }
+            }
+        });
+}

@@ -1,0 +1,178 @@
+//! The CPU variant: a spec's schedule tables ([`Tables`]) bound to an op's inputs and run by
+//! moek-cpu's generic skeletons. A generated variant is its spec's tables as a constant and a
+//! call to [`run_gathered`] or [`run_gemm`]; an entry scheduled at run time
+//! ([`crate::KernelEntry::scheduled`]) runs the same functions on tables built from its IR.
+
+use crate::elem::{Elem, QuantAct, QuantElem};
+use crate::inputs::{AnyInputs, Inputs};
+use moek_cpu::skeleton::{self, Bank, Routes};
+use moek_cpu::{Element, Weight};
+use moek_ir::DType;
+use moek_ir::cpu::{Skeleton, Tables};
+use moek_ir::reference::Shape;
+
+/// Runs a schedule whose skeleton reads weights only through products
+/// ([`Skeleton::reads_weights_apart`]): any stored weight `W` beside activations in `A`.
+/// Returns the argmax for the LM head row.
+pub fn run_gathered<W: Weight, A: Element>(
+    t: &Tables,
+    s: &Shape,
+    inputs: &Inputs<'_, W, A>,
+    out: &mut [f32],
+) -> Option<u32> {
+    t.check_shape(s);
+    // The parallel loops are joined from a worker (see `moek_cpu::pool`).
+    moek_cpu::on_pool(move || match (t.skeleton, *inputs) {
+        (Skeleton::GateUp, Inputs::GateUp { x, idx, gate_up }) => {
+            skeleton::gate_up(t, s, x, idx, gate_up, out);
+            None
+        }
+        (
+            Skeleton::Down,
+            Inputs::Down {
+                act,
+                idx,
+                weights,
+                down,
+            },
+        ) => {
+            skeleton::down(t, s, act, Routes { idx, weights }, down, out);
+            None
+        }
+        (
+            sk @ (Skeleton::Gathered | Skeleton::RouteOwned),
+            Inputs::ExpertFfn {
+                x,
+                idx,
+                weights,
+                gate_up,
+                down,
+                bias,
+            },
+        ) => {
+            let (routes, bank) = (
+                Routes { idx, weights },
+                Bank {
+                    gate_up,
+                    down,
+                    bias,
+                },
+            );
+            match sk {
+                Skeleton::RouteOwned => skeleton::route_owned_ffn(t, s, x, routes, bank, out),
+                _ => skeleton::gathered_ffn(t, s, x, routes, bank, out),
+            }
+            None
+        }
+        (
+            Skeleton::LmHeadRow,
+            Inputs::LmHeadRow {
+                hidden,
+                emb,
+                softcap,
+            },
+        ) => Some(skeleton::lm_head_row(t, s, hidden, emb, softcap, out)),
+        (sk, inputs) => mismatch(t, sk, inputs.op()),
+    })
+}
+
+/// Runs a schedule whose skeleton multiplies GEMM operands: activations and weights in one
+/// plain element type `W`.
+pub fn run_gemm<W: Element>(
+    t: &Tables,
+    s: &Shape,
+    inputs: &Inputs<'_, W>,
+    out: &mut [f32],
+) -> Option<u32> {
+    t.check_shape(s);
+    moek_cpu::on_pool(move || {
+        match (t.skeleton, *inputs) {
+            (
+                sk @ (Skeleton::Grouped | Skeleton::Persistent),
+                Inputs::ExpertFfn {
+                    x,
+                    idx,
+                    weights,
+                    gate_up,
+                    down,
+                    bias,
+                },
+            ) => {
+                let (routes, bank) = (
+                    Routes { idx, weights },
+                    Bank {
+                        gate_up,
+                        down,
+                        bias,
+                    },
+                );
+                match sk {
+                    Skeleton::Grouped => skeleton::grouped_ffn(t, s, x, routes, bank, out),
+                    _ => skeleton::persistent_ffn(t, s, x, routes, bank, out),
+                }
+            }
+            (
+                Skeleton::DenseMlp,
+                Inputs::DenseMlp {
+                    x,
+                    gate,
+                    up,
+                    down,
+                    output_gate,
+                },
+            ) => skeleton::dense_mlp(t, s, x, [gate, up, down], output_gate, out),
+            (sk, inputs) => mismatch(t, sk, inputs.op()),
+        };
+        None
+    })
+}
+
+fn mismatch(t: &Tables, sk: Skeleton, op: moek_ir::Op) -> ! {
+    panic!(
+        "kernel `{}` runs the {sk:?} skeleton and was given {op:?} inputs",
+        t.name
+    )
+}
+
+/// Runs tables built at run time on type-erased inputs: the dtype picks the instantiation, as
+/// the compiled function table does for a generated variant. `None` when the inputs are not of
+/// a dtype the tables can run (a GEMM skeleton on quantized weights).
+pub(crate) fn run_tables(
+    t: &Tables,
+    s: &Shape,
+    inputs: &AnyInputs<'_, '_>,
+    out: &mut [f32],
+) -> Option<Option<u32>> {
+    fn plain<W: Elem + Element>(
+        t: &Tables,
+        s: &Shape,
+        inputs: &AnyInputs<'_, '_>,
+        out: &mut [f32],
+    ) -> Option<Option<u32>> {
+        let typed = inputs.typed::<W, W>()?;
+        Some(match t.skeleton.reads_weights_apart() {
+            true => run_gathered(t, s, typed, out),
+            false => run_gemm(t, s, typed, out),
+        })
+    }
+    fn blocks<Q: QuantElem + Weight, A: QuantAct + Element>(
+        t: &Tables,
+        s: &Shape,
+        inputs: &AnyInputs<'_, '_>,
+        out: &mut [f32],
+    ) -> Option<Option<u32>> {
+        let typed = inputs.typed::<Q, A>()?;
+        t.skeleton
+            .reads_weights_apart()
+            .then(|| run_gathered(t, s, typed, out))
+    }
+    match inputs.dtype {
+        DType::F16 => plain::<half::f16>(t, s, inputs, out),
+        DType::Bf16 => plain::<half::bf16>(t, s, inputs, out),
+        DType::F32 => plain::<f32>(t, s, inputs, out),
+        d => crate::with_block!(d, inputs.values, |Q| match d.activation() {
+            DType::Bf16 => blocks::<Q, half::bf16>(t, s, inputs, out),
+            _ => blocks::<Q, f32>(t, s, inputs, out),
+        }),
+    }
+}
