@@ -90,7 +90,8 @@ fn the_cpu_source_of_a_spec_is_formatted_rust() {
     .unwrap();
     let src = moek_dsl::emit::cpu_source(&k);
     syn::parse_file(&src).expect("formatted source parses");
-    assert!(src.contains("cpu::softcap"), "{src}");
+    assert!(src.contains("Skeleton::LmHeadRow"), "{src}");
+    assert!(src.contains("run_gathered(&TABLES"), "{src}");
 }
 
 #[test]

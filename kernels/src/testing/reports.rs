@@ -39,14 +39,18 @@ pub struct Report {
     pub modeled: Option<Modeled>,
     /// Deviation from the spec's CPU variant on the same inputs (wgpu runs, every element).
     pub versus_cpu: Option<Deviation>,
+    /// Where a compiled CPU variant and the same schedule run from its IR (which must agree bit
+    /// for bit) first differ.
+    pub versus_schedule: Option<String>,
     /// For quantized weights: the reference on them against the reference on the bf16 weights
     /// they were quantized from (the format's own error, which the tolerance does not cover).
     pub quantization: Option<Deviation>,
 }
 
 impl Report {
-    /// Within tolerance of the reference, and (wgpu) within twice it of the CPU variant: each is
-    /// within the tolerance of the reference, so they differ by at most twice it.
+    /// Within tolerance of the reference, (wgpu) within twice it of the CPU variant: each is
+    /// within the tolerance of the reference, so they differ by at most twice it, and (compiled
+    /// CPU) bit-equal to its schedule run from the IR.
     pub fn passed(&self) -> bool {
         let twice = Tolerance {
             rel_l2: 2.0 * self.tolerance.rel_l2,
@@ -55,6 +59,7 @@ impl Report {
         self.argmax_ok
             && self.deviation.within(self.tolerance)
             && self.versus_cpu.as_ref().is_none_or(|d| d.within(twice))
+            && self.versus_schedule.is_none()
     }
 }
 
@@ -78,6 +83,9 @@ impl std::fmt::Display for Report {
         )?;
         if let Some(d) = &self.versus_cpu {
             write!(f, "; versus the CPU variant: {d}")?;
+        }
+        if let Some(d) = &self.versus_schedule {
+            write!(f, "; {d}")?;
         }
         if let Some(d) = &self.quantization {
             write!(f, "; the weights' quantization itself: {d}")?;

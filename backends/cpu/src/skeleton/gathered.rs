@@ -2,7 +2,7 @@
 //! route in place: any stored weight (plain or quantized blocks) beside activations of their own
 //! type.
 
-use super::{Bank, Routes, add_gate_up_bias, blocks, combine_routes, gated};
+use super::{Bank, Pair, Routes, add_gate_up_bias, blocks, combine_routes, with_pair};
 use crate::{Element, Grid, SharedOut, Weight, clip, matvec_segments, values};
 use moek_ir::DimName::{F, H, R, T, V};
 use moek_ir::cpu::Tables;
@@ -11,6 +11,7 @@ use rayon::prelude::*;
 
 /// Gate/up over gathered routes: units T x R x F x H (the first phase's split), H in declared
 /// blocks, F in column blocks; writes `gated(g, u)` (plus the bias, if any) to `dst [T, R, F]`.
+#[allow(clippy::too_many_arguments)]
 fn gate_up_phase<W: Weight, A: Element>(
     t: &Tables,
     s: &Shape,
@@ -18,6 +19,7 @@ fn gate_up_phase<W: Weight, A: Element>(
     idx: &[u32],
     gate_up: &[W],
     bias: Option<&[W]>,
+    pair: impl Pair,
     dst: &mut [f32],
 ) {
     let (t_n, r_n, f_n, h_n) = (s.t, s.r, s.f, s.h);
@@ -71,7 +73,7 @@ fn gate_up_phase<W: Weight, A: Element>(
                     u += partials[b + f_n + j];
                 }
                 add_gate_up_bias(bias, e, f_n, j, &mut g, &mut u);
-                *a = gated(t.activation, g, u);
+                *a = pair(g, u);
             }
         });
 }
@@ -155,7 +157,9 @@ pub fn gate_up<W: Weight, A: Element>(
     gate_up: &[W],
     out: &mut [f32],
 ) {
-    gate_up_phase(t, s, x, idx, gate_up, None, out);
+    with_pair!(t.activation, |pair| {
+        gate_up_phase(t, s, x, idx, gate_up, None, pair, out)
+    });
 }
 
 /// The down op: each route's `act . Wd[e]`, combined by route weight.
@@ -181,7 +185,10 @@ pub fn gathered_ffn<W: Weight, A: Element>(
 ) {
     let bias = bank.declared_bias(t);
     let mut act = vec![0f32; s.t * s.r * s.f];
-    gate_up_phase(t, s, x, routes.idx, bank.gate_up, bias.gate_up, &mut act);
+    with_pair!(t.activation, |pair| {
+        let (idx, gate_up) = (routes.idx, bank.gate_up);
+        gate_up_phase(t, s, x, idx, gate_up, bias.gate_up, pair, &mut act)
+    });
     down_phase(t, s, &act, routes, bank.down, bias.down, out);
 }
 
@@ -196,6 +203,20 @@ pub fn route_owned_ffn<W: Weight, A: Element>(
     x: &[A],
     routes: Routes<'_>,
     bank: Bank<'_, W>,
+    out: &mut [f32],
+) {
+    with_pair!(t.activation, |pair| {
+        route_owned_with(t, s, x, routes, bank, pair, out)
+    });
+}
+
+fn route_owned_with<W: Weight, A: Element>(
+    t: &Tables,
+    s: &Shape,
+    x: &[A],
+    routes: Routes<'_>,
+    bank: Bank<'_, W>,
+    pair: impl Pair,
     out: &mut [f32],
 ) {
     let (t_n, r_n, f_n, h_n) = (s.t, s.r, s.f, s.h);
@@ -222,7 +243,7 @@ pub fn route_owned_ffn<W: Weight, A: Element>(
                     matvec_segments(xt, up, h_n, 0..f_n, &h_blocks, &mut u);
                     for j in 0..f_n {
                         add_gate_up_bias(bias.gate_up, e, f_n, j, &mut g[j], &mut u[j]);
-                        a[j] = gated(t.activation, g[j], u[j]);
+                        a[j] = pair(g[j], u[j]);
                     }
                     let dn = values(bank.down, e * h_n * f_n..(e + 1) * h_n * f_n);
                     for &(c0, c1) in h_cols.iter() {

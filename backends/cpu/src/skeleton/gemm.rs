@@ -1,7 +1,7 @@
 //! The skeletons that multiply activations and weights as GEMM operands, of one element type:
 //! tokens grouped by expert, the persistent loop over experts, the dense MLP.
 
-use super::{Bank, Routes, blocks, combine_routes, gated};
+use super::{Bank, Pair, Routes, blocks, combine_routes, with_pair};
 use crate::{Element, Grid, Scratch, SharedOut, clip, gemm_nt};
 use moek_ir::DimName::{F, H, T};
 use moek_ir::cpu::Tables;
@@ -24,6 +24,7 @@ fn gemm_gate_up<W: Element, M: Fn(Range<usize>) -> Range<usize> + Sync>(
     rows: &Rows<'_, W, M>,
     gate: &[W],
     up: &[W],
+    pair: impl Pair,
 ) -> Vec<W> {
     let (t_n, f_n, h_n, n) = (s.t, s.f, s.h, rows.n);
     let p = t.cores[0];
@@ -65,7 +66,7 @@ fn gemm_gate_up<W: Element, M: Fn(Range<usize>) -> Range<usize> + Sync>(
                 g += partials[b + j];
                 u += partials[b + f_n + j];
             }
-            W::from_f32(gated(t.activation, g, u))
+            W::from_f32(pair(g, u))
         })
         .collect()
 }
@@ -150,7 +151,9 @@ pub fn persistent_ffn<W: Element>(
             rows_of,
         };
         let (gate, up) = bank_gu.split_at(f_n * h_n);
-        let aw = gemm_gate_up(t, s, &rows, gate, up);
+        let aw = with_pair!(t.activation, |pair| gemm_gate_up(
+            t, s, &rows, gate, up, pair
+        ));
         let (y, f_parts) = gemm_down(t, s, &rows, &aw, bank_dn);
         // Token groups add their tokens' weighted results to the resident accumulator.
         let acc = SharedOut::new(&mut out[..t_n * h_n]);
@@ -184,6 +187,20 @@ pub fn grouped_ffn<W: Element>(
     bank: Bank<'_, W>,
     out: &mut [f32],
 ) {
+    with_pair!(t.activation, |pair| grouped_with(
+        t, s, x, routes, bank, pair, out
+    ));
+}
+
+fn grouped_with<W: Element>(
+    t: &Tables,
+    s: &Shape,
+    x: &[W],
+    routes: Routes<'_>,
+    bank: Bank<'_, W>,
+    pair: impl Pair,
+    out: &mut [f32],
+) {
     let (t_n, r_n, e_n, f_n, h_n) = (s.t, s.r, s.e, s.f, s.h);
     let h_blocks = blocks(&t.reduce_h, h_n);
     let f_blocks = blocks(&t.reduce_f, f_n);
@@ -212,7 +229,7 @@ pub fn grouped_ffn<W: Element>(
             for (row, a) in aw.chunks_exact_mut(f_n).enumerate() {
                 let g = &gu[row * 2 * f_n..][..2 * f_n];
                 for (j, a) in a.iter_mut().enumerate() {
-                    *a = W::from_f32(gated(t.activation, g[j], g[f_n + j]));
+                    *a = W::from_f32(pair(g[j], g[f_n + j]));
                 }
             }
             let mut y = Scratch::<f32>::zeroed(n * h_n);
@@ -251,7 +268,9 @@ pub fn dense_mlp<W: Element>(
         n: t_n,
         rows_of: |tr: Range<usize>| tr,
     };
-    let aw = gemm_gate_up(t, s, &rows, gate, up);
+    let aw = with_pair!(t.activation, |pair| gemm_gate_up(
+        t, s, &rows, gate, up, pair
+    ));
     let (y, f_parts) = gemm_down(t, s, &rows, &aw, down);
     out[..t_n * h_n]
         .par_chunks_mut(h_n)

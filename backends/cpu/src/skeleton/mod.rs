@@ -23,7 +23,6 @@ pub use gathered::{down, gate_up, gathered_ffn, lm_head_row, route_owned_ffn};
 pub use gemm::{dense_mlp, grouped_ffn, persistent_ffn};
 
 use crate::Weight;
-use moek_ir::Activation;
 use moek_ir::cpu::{Ranges, Tables};
 use moek_ir::reference::Biases;
 use rayon::prelude::*;
@@ -58,15 +57,33 @@ impl<'a, W> Bank<'a, W> {
     }
 }
 
-/// The spec's gated pair `gated(g, u)`.
-#[inline(always)]
-pub fn gated(act: Activation, g: f32, u: f32) -> f32 {
-    match act {
-        Activation::GeluTanh => crate::gelu_tanh(g) * u,
-        Activation::Silu => crate::silu(g) * u,
-        Activation::SwigluClamped { limit, alpha } => crate::swiglu_clamped(g, u, limit, alpha),
-    }
+/// Runs `$body` with `$pair` bound to the spec's gated pair `gated(g, u)` as a closure of its
+/// own type per activation (parameters captured), so each skeleton is compiled once per
+/// activation and its epilogue loops vectorise as a generated variant's did; a `match` on the
+/// activation inside those loops measured 8-10% slower on the grouped prefill.
+macro_rules! with_pair {
+    ($act:expr, |$pair:ident| $body:expr) => {
+        match $act {
+            moek_ir::Activation::GeluTanh => {
+                let $pair = |g: f32, u: f32| crate::gelu_tanh(g) * u;
+                $body
+            }
+            moek_ir::Activation::Silu => {
+                let $pair = |g: f32, u: f32| crate::silu(g) * u;
+                $body
+            }
+            moek_ir::Activation::SwigluClamped { limit, alpha } => {
+                let $pair = move |g: f32, u: f32| crate::swiglu_clamped(g, u, limit, alpha);
+                $body
+            }
+        }
+    };
 }
+use with_pair;
+
+/// A gated pair `gated(g, u)`, as [`with_pair`] binds it.
+trait Pair: Fn(f32, f32) -> f32 + Copy + Send + Sync {}
+impl<P: Fn(f32, f32) -> f32 + Copy + Send + Sync> Pair for P {}
 
 /// Declared blocks, or one block over the whole dim of size `n`.
 fn blocks<'t>(r: &'t Ranges<'_>, n: usize) -> Cow<'t, [(usize, usize)]> {
