@@ -2,14 +2,15 @@
 
 use clap::{Parser, Subcommand};
 use moek_kernels::Registry;
-use moek_model::commands;
 use std::process::ExitCode;
+
+mod commands;
 
 #[derive(Parser, Debug)]
 #[command(
     name = "moek",
     version,
-    about = "Declared MoE kernels: list, emit, check, bench"
+    about = "Declared MoE kernels: list, emit, check, tune, bench"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -53,6 +54,8 @@ enum Command {
     Quantize(commands::quantize::QuantizeArgs),
     /// Measure decode bandwidth and prefill throughput against this machine's floors.
     Bench(commands::bench::BenchArgs),
+    /// Search the legal schedules of an op; rank them by measurement or the Spyre cost model.
+    Tune(commands::tune::TuneArgs),
     /// The Spyre cost model beside the public device figures.
     #[cfg(feature = "spyre")]
     SpyreCalibrate,
@@ -74,6 +77,7 @@ fn main() -> ExitCode {
             full,
         } => commands::check::run(&Registry::builtin(), &require, filter.as_deref(), full),
         Command::Bench(args) => commands::bench::run(&args),
+        Command::Tune(args) => commands::tune::run(&Registry::builtin(), &args),
         Command::Quantize(args) => commands::quantize::run(&args),
         Command::Logits(args) => commands::run::logits(&args),
         Command::Generate(args) => commands::run::generate_cmd(&args),

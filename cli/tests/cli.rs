@@ -36,7 +36,11 @@ fn emit_prints_the_generated_cpu_variant() {
         out.contains("(0usize, 704usize),\n") && out.contains("(2112usize, 2816usize),\n"),
         "the blocks are baked in: {out}"
     );
-    assert!(out.contains("is fixed at T=1 but was given"), "{out}");
+    assert!(
+        out.contains("(::moek_kernels::__private::ir::DimName::T, 1usize)"),
+        "the fixed sizes are baked in: {out}"
+    );
+    assert!(out.contains("Skeleton::GateUp"), "{out}");
     looks_formatted(&out);
 }
 
@@ -724,4 +728,72 @@ fn generate_runs_qwen3_moe_by_its_model_type() {
         err.contains("`gemma4_text` or `gemma4` (Gemma-4), `qwen3_moe` (Qwen3-MoE)"),
         "{err}"
     );
+}
+
+/// `generation_config.json`'s stop token ends generation through the command: the first token
+/// of the model's own greedy continuation that does not appear before it.
+#[test]
+fn generate_stops_at_the_checkpoints_stop_token() {
+    let dir = std::env::temp_dir().join(format!("moek-cli-eos-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for file in ["config.json", "model.safetensors"] {
+        std::fs::copy(format!("{F32}/{file}"), dir.join(file)).unwrap();
+    }
+    // The prompt transformers' reference ran (its greedy continuation varies).
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{F32}/expected.json")).unwrap())
+            .unwrap();
+    let tokens: Vec<u32> = expected["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect();
+    let prompt = tokens
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let model = moek_model::open(&dir, &moek_model::Options::default()).unwrap();
+    let greedy = moek_model::generate::generate(
+        &model,
+        &tokens,
+        8,
+        None,
+        &moek_model::generate::Sampling::greedy(),
+        &[],
+        &mut vec![],
+    )
+    .unwrap();
+    let at = (1..greedy.len())
+        .find(|&i| !greedy[..i].contains(&greedy[i]))
+        .expect("the greedy tokens vary");
+    std::fs::write(
+        dir.join("generation_config.json"),
+        serde_json::json!({ "eos_token_id": [greedy[at]] }).to_string(),
+    )
+    .unwrap();
+    let (ok, out, err) = moek(&[
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--greedy",
+        "--max-new-tokens",
+        "8",
+        "--format",
+        "json",
+        "--tokens",
+        &prompt,
+    ]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let got: Vec<u64> = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    let want: Vec<u64> = greedy[..=at].iter().map(|&t| u64::from(t)).collect();
+    assert_eq!(got, want, "stops at the stop token");
 }

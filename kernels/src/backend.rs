@@ -98,7 +98,7 @@ pub struct Modeled {
 
 #[cfg(feature = "spyre")]
 impl Modeled {
-    fn of(c: &moek_spyre::Cost) -> Self {
+    pub fn of(c: &moek_spyre::Cost) -> Self {
         let dominant = c
             .phases
             .iter()

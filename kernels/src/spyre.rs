@@ -158,3 +158,19 @@ fn bind<W: Elem>(
     }
     Ok(dev)
 }
+
+/// The cost model's figures for `k`'s program without computing any value ([`Mode::Count`]): the
+/// bytes, ring traffic and multiply-adds a run on routes `idx` counts, in milliseconds at full
+/// size, so a schedule search can rank every legal program.
+pub fn cost<W: Elem>(k: &Kernel, idx: &[u32]) -> Result<SpyreRun, SpyreError> {
+    let p = program::<W>(k)?;
+    let mut dev = Device::default();
+    for t in p.tensors.iter().filter(|t| t.role == DeviceRole::Routes) {
+        dev.routes.insert(t.name.clone(), idx.to_vec());
+    }
+    let counters = moek_spyre::simulate(&p, Mode::Count, &mut dev)?;
+    Ok(SpyreRun {
+        cost: moek_spyre::model(&counters),
+        counters,
+    })
+}

@@ -1,4 +1,4 @@
-//! Gemma-4 (text, MoE) on generated kernels, and the `moek` command.
+//! The model families (Gemma-4, Qwen3-MoE) on generated kernels: open a checkpoint, run it.
 //!
 //! - [`gemma4`]: the family: config, weights (named after checkpoint keys), layer, model, tiny.
 //! - [`checkpoint`]: safetensors over memory maps, typed errors naming each tensor.
@@ -7,10 +7,8 @@
 //! - [`quantized`]: weight matrices stored in quantized blocks, and the flag naming a format.
 //! - [`open`]: a checkpoint of any family opened as a model that runs ([`open()`], [`Options`]).
 //! - [`generate`]: prefill (one shot or chunked) and decoding, greedy or sampled.
-//! - [`commands`]: one module per `moek` subcommand.
 
 pub mod checkpoint;
-pub mod commands;
 pub mod config;
 pub mod forward;
 pub mod gemma4;

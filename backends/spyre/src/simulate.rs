@@ -26,6 +26,10 @@ pub enum Mode {
     Dl16,
     /// Everything exact f32 (to separate the format's error from the schedule's).
     F32,
+    /// No values: every op is walked and counted (bytes, ring traffic, MACs, as the other modes
+    /// count them) but nothing is computed, so a schedule search can cost a full-size program
+    /// in milliseconds. Only route tensors need be bound (they pick the rows read).
+    Count,
 }
 
 /// One device tensor's values.
@@ -159,6 +163,8 @@ pub fn simulate(p: &Program, mode: Mode, dev: &mut Device) -> Result<Vec<PhaseCo
         let expected: usize = t.shape.iter().product();
         let got = if t.role == DeviceRole::Routes {
             dev.routes.get(&t.name).map_or(0, Vec::len)
+        } else if mode == Mode::Count {
+            continue;
         } else {
             dev.tensors.get(&t.name).map_or(0, Data::len)
         };
@@ -241,7 +247,10 @@ impl<'a> Run<'a> {
                 lx: ph
                     .buffers
                     .iter()
-                    .map(|b| (b.name.as_str(), vec![0f32; b.elems]))
+                    .map(|b| {
+                        let elems = if mode == Mode::Count { 0 } else { b.elems };
+                        (b.name.as_str(), vec![0f32; elems])
+                    })
                     .collect(),
                 counters: Counters {
                     lx_peak: peak,
@@ -329,13 +338,16 @@ impl<'a> Run<'a> {
             .iter()
             .map(|a| a.eval(&self.ph.slices, c.coords))
             .collect();
+        c.counters.lx_to_dev += bytes(t, &region.extent);
+        if self.mode == Mode::Count {
+            return;
+        }
         let round = self.mode == Mode::Dl16 && t.elem_bytes == 2;
         let src = &c.lx[from];
         let dst = dev.tensors.get_mut(&t.name).expect("checked on entry");
         for (i, off, n) in runs(&t.shape, &start, &region.extent) {
             dst.write(off, &src[i..i + n], round);
         }
-        c.counters.lx_to_dev += bytes(t, &region.extent);
     }
 
     /// Charges the op's device reads: cores reading the same region share broadcast reads, up
@@ -389,6 +401,12 @@ impl<'a> Run<'a> {
         }
         let round = self.mode == Mode::Dl16 && self.ph.buffer(buffer).is_some_and(|b| b.dl16);
         for mut members in groups.into_values() {
+            if self.mode == Mode::Count {
+                for &core in &members {
+                    self.cores[core].counters.ring += (elems * 4) as u64;
+                }
+                continue;
+            }
             members.sort_by_key(|&core| self.cores[core].coords[d]);
             let mut sum = vec![0f32; elems];
             for &core in &members {
@@ -451,6 +469,10 @@ impl<'a> Ctx<'a, '_> {
                 n,
                 accumulate,
             } => {
+                core.counters.macs += (m * k * n) as u64;
+                if self.mode == Mode::Count {
+                    return Ok(());
+                }
                 let mut o = std::mem::take(core.lx.get_mut(out.as_str()).expect("validated"));
                 let at = eval(a_at);
                 let (av, bv) = (&core.lx[a.as_str()][at..at + m * k], &core.lx[b.as_str()]);
@@ -459,8 +481,8 @@ impl<'a> Ctx<'a, '_> {
                 }
                 crate::matmul::matmul(av, bv, &mut o, *m, *k, *n);
                 self.store(core, out, o);
-                core.counters.macs += (m * k * n) as u64;
             }
+            Instr::Sfp(_) if self.mode == Mode::Count => {}
             Instr::Sfp(sfp) => self.sfp(core, sfp),
             Instr::RingReduce { .. } | Instr::Loop { .. } | Instr::DmaOut { .. } => {
                 unreachable!("run across cores")
@@ -473,12 +495,17 @@ impl<'a> Ctx<'a, '_> {
     fn load(&self, core: &mut Core<'a>, region: &Region, mut start: Vec<usize>, to: &'a str) {
         let t = self.p.tensor(&region.tensor).expect("validated");
         start[0] += self.advanced.get(t.name.as_str()).copied().unwrap_or(0);
+        let read = bytes(t, &region.extent);
+        if self.mode == Mode::Count {
+            core.read = Some((t.name.clone(), start, read));
+            return;
+        }
         let src = &self.dev.tensors[&t.name];
         let dst = core.lx.get_mut(to).expect("validated");
         for (i, off, n) in runs(&t.shape, &start, &region.extent) {
             src.read(off, &mut dst[i..i + n]);
         }
-        core.read = Some((t.name.clone(), start, bytes(t, &region.extent)));
+        core.read = Some((t.name.clone(), start, read));
     }
 
     fn sfp(&self, core: &mut Core<'a>, sfp: &'a Sfp) {

@@ -171,7 +171,7 @@ fn wgpu_adapter() -> Result<String, String> {
 /// The built-in tiny Gemma-4 MoE through every backend: greedy tokens, and whether those that
 /// ran agree. A backend with no variant for the tiny sizes says so and is not counted.
 fn tiny_model(backends: &[Backend], adapter: bool) -> bool {
-    let cfg = crate::gemma4::tiny::config();
+    let cfg = moek_model::gemma4::tiny::config();
     let prompt = [2, 17, 5, 9, 33, 41, 7, 12, 3];
     let mut runs: Vec<(Target, Vec<u32>)> = vec![];
     println!(
@@ -187,11 +187,19 @@ fn tiny_model(backends: &[Backend], adapter: bool) -> bool {
             println!("  {:<6} no adapter: not run", backend.target.to_string());
             continue;
         }
-        let weights = crate::gemma4::tiny::weights::<half::bf16>(&cfg);
-        let model = crate::gemma4::model::Model::new(cfg.clone(), weights, backend.clone());
-        let sampling = crate::generate::Sampling::greedy();
+        let weights = moek_model::gemma4::tiny::weights::<half::bf16>(&cfg);
+        let model = moek_model::gemma4::model::Model::new(cfg.clone(), weights, backend.clone());
+        let sampling = moek_model::generate::Sampling::greedy();
         let mut trace = vec![];
-        match crate::generate::generate(&model, &prompt, 8, Some(4), &sampling, &[], &mut trace) {
+        match moek_model::generate::generate(
+            &model,
+            &prompt,
+            8,
+            Some(4),
+            &sampling,
+            &[],
+            &mut trace,
+        ) {
             Ok(tokens) => {
                 let fell = trace.iter().filter(|t| t.fallback.is_some()).count();
                 let note = if fell > 0 {

@@ -9,6 +9,7 @@ pub mod quantize;
 pub mod run;
 #[cfg(feature = "spyre")]
 pub mod spyre;
+pub mod tune;
 
 use moek_kernels::dispatch::Backend;
 use moek_kernels::ir::Target;
@@ -70,9 +71,9 @@ pub enum CommandError {
     #[error("{0}")]
     Dispatch(#[from] moek_kernels::DispatchError),
     #[error(transparent)]
-    Load(#[from] crate::checkpoint::LoadError),
+    Load(#[from] moek_model::checkpoint::LoadError),
     #[error(transparent)]
-    Model(#[from] crate::forward::ModelError),
+    Model(#[from] moek_model::forward::ModelError),
     #[error("{0}")]
     Usage(String),
 }

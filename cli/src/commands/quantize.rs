@@ -5,9 +5,9 @@
 //! tokenizer files are copied beside it.
 
 use super::CommandError;
-use crate::checkpoint::{Checkpoint, LoadError};
-use crate::config::Family;
-use crate::quantized::Quant;
+use moek_model::checkpoint::{Checkpoint, LoadError};
+use moek_model::config::Family;
+use moek_model::quantized::Quant;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -34,8 +34,8 @@ const BESIDE: [&str; 5] = [
 ];
 
 pub fn run(args: &QuantizeArgs) -> Result<ExitCode, CommandError> {
-    let json = crate::config::read(&args.model).map_err(LoadError::from)?;
-    let row = crate::open::family(Family::of(&json).map_err(LoadError::from)?);
+    let json = moek_model::config::read(&args.model).map_err(LoadError::from)?;
+    let row = moek_model::open::family(Family::of(&json).map_err(LoadError::from)?);
     let target = args.out.join("model.safetensors");
     if same_dir(&args.model, &args.out) {
         return Err(CommandError::Usage(format!(
@@ -51,11 +51,11 @@ pub fn run(args: &QuantizeArgs) -> Result<ExitCode, CommandError> {
     }
     // The source opens as its family's model (mapped) before anything is written, so a config
     // or tensor it would refuse fails here, not at the next load; its checkpoint is the one read.
-    let options = crate::open::Options {
-        weights: Some(crate::checkpoint::Residence::Mapped),
+    let options = moek_model::open::Options {
+        weights: Some(moek_model::checkpoint::Residence::Mapped),
         ..Default::default()
     };
-    let source = crate::open::open(&args.model, &options)?;
+    let source = moek_model::open::open(&args.model, &options)?;
     let ck = source.checkpoint();
     if let Some(q) = ck.quantization() {
         return Err(CommandError::Usage(format!(
@@ -70,7 +70,7 @@ pub fn run(args: &QuantizeArgs) -> Result<ExitCode, CommandError> {
     std::fs::create_dir_all(&args.out).map_err(io(&args.out))?;
     // Written under a temporary name and renamed: a failed run leaves no half a checkpoint.
     let partial = args.out.join("model.safetensors.partial");
-    let written = crate::quantized::write_quantized(ck, row.quantized, args.dtype, &partial);
+    let written = moek_model::quantized::write_quantized(ck, row.quantized, args.dtype, &partial);
     if let Err(e) = written {
         let _ = std::fs::remove_file(&partial);
         return Err(e.into());

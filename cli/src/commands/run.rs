@@ -3,11 +3,11 @@
 
 use super::figures::Format;
 use super::{BackendArg, CommandError};
-use crate::checkpoint::Residence;
-use crate::forward::{Cache, CausalLm, Head, Trace};
-use crate::generate::{Sampling, generate};
-use crate::open::Options;
-use crate::quantized::Quant;
+use moek_model::checkpoint::Residence;
+use moek_model::forward::{Cache, CausalLm, Head, Trace};
+use moek_model::generate::{Sampling, generate};
+use moek_model::open::Options;
+use moek_model::quantized::Quant;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -158,7 +158,7 @@ fn with_model(args: &ModelArgs, job: impl Job) -> Result<ExitCode, CommandError>
             Residence::Mapped => "mapped in place",
             Residence::HugePages => "copying into huge pages",
         });
-    let model = crate::open::open_with_progress(&args.model, &options, |n, of| {
+    let model = moek_model::open::open_with_progress(&args.model, &options, |n, of| {
         bar.set_length(of as u64);
         bar.set_position(n as u64);
     });
@@ -184,7 +184,7 @@ pub fn explain(trace: &[Trace]) {
         }
         // A step's records are consecutive and share its position.
         if trace.get(i + 1).is_none_or(|n| n.position != t.position) {
-            if let Some(up) = crate::forward::uploaded(&trace[step_start..=i]) {
+            if let Some(up) = moek_model::forward::uploaded(&trace[step_start..=i]) {
                 eprintln!(
                     "step at position {}: uploaded {} weight bytes, {} bytes of activations, \
                      routes and outputs",
@@ -268,6 +268,6 @@ pub fn stop_tokens(dir: &Path, eos: &[u32]) -> Vec<u32> {
     let from_file = std::fs::read_to_string(dir.join("generation_config.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| crate::config::eos_tokens(v.get("eos_token_id")?));
+        .and_then(|v| moek_model::config::eos_tokens(v.get("eos_token_id")?));
     from_file.unwrap_or_else(|| eos.to_vec())
 }

@@ -30,15 +30,15 @@ pub struct BenchArgs {
     /// mapped) and load them back from it, living where this says. Default: built in memory, in
     /// huge pages.
     #[arg(long, value_enum)]
-    pub from_file: Option<crate::checkpoint::Residence>,
+    pub from_file: Option<moek_model::checkpoint::Residence>,
     /// Model bench: the expert banks drawn straight into these quantized blocks (the rest stays
     /// bf16); bytes per decode step are counted as stored.
     #[arg(long, value_enum)]
-    pub dtype: Option<crate::quantized::Quant>,
+    pub dtype: Option<moek_model::quantized::Quant>,
     /// Model bench with `--from-file`: the bf16 file written, its expert banks and embedding
     /// quantized to these blocks as they are loaded (as `--quantize` on `logits`/`generate`).
     #[arg(long, value_enum, requires = "from_file", conflicts_with = "dtype")]
-    pub quantize: Option<crate::quantized::Quant>,
+    pub quantize: Option<moek_model::quantized::Quant>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -5,12 +5,12 @@
 //! the weights' bytes.
 
 use super::{BenchArgs, Geometry};
-use crate::checkpoint::{Checkpoint, LoadError};
 use crate::commands::CommandError;
 use crate::commands::figures::{Format, SAMPLE_PROBE_BYTES, median, median_ratio, print_json};
-use crate::forward::{Cache, CausalLm, Head, Trace};
-use crate::gemma4::model::Model;
 use half::bf16;
+use moek_model::checkpoint::{Checkpoint, LoadError};
+use moek_model::forward::{Cache, CausalLm, Head, Trace};
+use moek_model::gemma4::model::Model;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -162,8 +162,8 @@ fn seconds_of(trace: &[Trace], what: &str) -> f64 {
 /// The bench's random weights written to a fresh safetensors file and mapped back. The file is
 /// unlinked once mapped (the map keeps its pages), so nothing is left behind.
 fn written(
-    cfg: &crate::gemma4::config::Config,
-    draw: crate::gemma4::tiny::Draw,
+    cfg: &moek_model::gemma4::config::Config,
+    draw: moek_model::gemma4::tiny::Draw,
 ) -> Result<Checkpoint, CommandError> {
     let dir = std::env::temp_dir().join(format!("moek-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|source| LoadError::Io {
@@ -171,7 +171,7 @@ fn written(
         source,
     })?;
     let path = dir.join("model.safetensors");
-    let saved = crate::gemma4::weights::save::<bf16>(draw, cfg, &path);
+    let saved = moek_model::gemma4::weights::save::<bf16>(draw, cfg, &path);
     let ck = saved.and_then(|()| Checkpoint::from_files(std::slice::from_ref(&path)));
     let _ = std::fs::remove_dir_all(&dir);
     Ok(ck?)
@@ -184,15 +184,21 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
     const PROMPT: usize = 512;
     match args.geometry.unwrap_or(Geometry::Gemma4_26bA4b) {
         Geometry::Gemma4_26bA4b => {
-            let cfg = crate::gemma4::tiny::gemma4_26b(layers);
+            let cfg = moek_model::gemma4::tiny::gemma4_26b(layers);
             let ck;
-            let draw = crate::gemma4::tiny::Draw::quantized(args.dtype);
+            let draw = moek_model::gemma4::tiny::Draw::quantized(args.dtype);
             let weights = match args.from_file {
-                None => crate::gemma4::weights::build(&mut { draw }, &cfg, |_| {})?,
+                None => moek_model::gemma4::weights::build(&mut { draw }, &cfg, |_| {})?,
                 Some(residence) => {
                     ck = written(&cfg, draw)?;
                     let q = args.quantize;
-                    crate::gemma4::weights::load_quantized::<bf16>(&ck, &cfg, residence, q, |_| {})?
+                    moek_model::gemma4::weights::load_quantized::<bf16>(
+                        &ck,
+                        &cfg,
+                        residence,
+                        q,
+                        |_| {},
+                    )?
                 }
             };
             let weights_bytes = weights.bytes() as u64;
@@ -216,12 +222,12 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
                         .into(),
                 ));
             }
-            let cfg = crate::qwen3::geometry::qwen3_30b_a3b(layers);
-            let weights = crate::qwen3::geometry::weights::<bf16>(&cfg);
+            let cfg = moek_model::qwen3::geometry::qwen3_30b_a3b(layers);
+            let weights = moek_model::qwen3::geometry::weights::<bf16>(&cfg);
             let weights_bytes = weights.bytes() as u64;
             let work = Work::qwen3(&cfg, PROMPT);
             let vocab = cfg.vocab;
-            let model = crate::qwen3::model::Model::new(cfg, weights, args.backend.backend());
+            let model = moek_model::qwen3::model::Model::new(cfg, weights, args.backend.backend());
             timed(
                 args,
                 "qwen3-30b-a3b",
@@ -278,7 +284,7 @@ fn timed(
     let mut uploads = vec![];
     for _ in 0..steps {
         bandwidth.push(probe.best_of(2));
-        let next = crate::generate::argmax(&last[0]);
+        let next = moek_model::generate::argmax(&last[0]);
         trace.clear();
         let start = Instant::now();
         last = model.forward(&[next], &mut cache, Head::Last, &mut trace)?;
@@ -286,7 +292,7 @@ fn timed(
         for (p, what) in parts.iter_mut().zip(PARTS) {
             p.push(seconds_of(&trace, what));
         }
-        uploads.extend(crate::forward::uploaded(&trace));
+        uploads.extend(moek_model::forward::uploaded(&trace));
     }
 
     drop(probe);
@@ -363,9 +369,9 @@ impl Work {
     /// Expert weights and the embedding (the LM head) take `quant`'s bytes per value as stored
     /// (scales included).
     fn gemma4(
-        cfg: &crate::gemma4::config::Config,
+        cfg: &moek_model::gemma4::config::Config,
         s: usize,
-        quant: Option<crate::quantized::Quant>,
+        quant: Option<moek_model::quantized::Quant>,
     ) -> Work {
         let (h, e, st) = (cfg.hidden as f64, 2.0, s as f64);
         let quantized_bytes = quant.map_or(e, |q| {
@@ -383,7 +389,7 @@ impl Work {
             prefill_flops += 2.0 * st * dense;
             // Causal: query i sees i + 1 keys, at most the window on sliding layers.
             let window = match l.attention {
-                crate::gemma4::config::Attention::Sliding => cfg.window,
+                moek_model::gemma4::config::Attention::Sliding => cfg.window,
                 _ => usize::MAX,
             };
             let visible: f64 = (0..s).map(|i| (i + 1).min(window) as f64).sum();
@@ -407,7 +413,7 @@ impl Work {
 impl Work {
     /// As [`Work::gemma4`] for Qwen3-MoE: per layer GQA attention (q and o of all heads, k and v
     /// of the KV heads), the router and the top-k experts; causal attention over every key.
-    fn qwen3(cfg: &crate::qwen3::config::Config, s: usize) -> Work {
+    fn qwen3(cfg: &moek_model::qwen3::config::Config, s: usize) -> Work {
         let (h, e, st) = (cfg.hidden as f64, 2.0, s as f64);
         let (d, kv, nh) = (cfg.head_dim as f64, cfg.kv_heads as f64, cfg.heads as f64);
         let m = cfg.moe;

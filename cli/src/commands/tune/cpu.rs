@@ -1,0 +1,179 @@
+//! Picking on the CPU by measurement: each legal schedule runs as data through the CPU skeletons
+//! (`KernelEntry::scheduled`, no rebuild), paired call by call with the built-in schedule on the
+//! same routes, so drift and noise fall on both; a candidate's score is the median of its
+//! paired time ratios. Successive halving spends the budget: every candidate once, the best
+//! quarter three times, the best few nine times.
+
+use super::space::{Dims, Problem, Schedule};
+use super::{Ranked, Search};
+use crate::commands::figures::{SAMPLE_PROBE_BYTES, median};
+use moek_kernels::ir::{DType, Kernel, Selection};
+use moek_kernels::testing::{Case, routes};
+use moek_kernels::{Backend, Elem, KernelEntry};
+use std::time::Instant;
+
+/// A timed candidate: its index, its paired time ratios to the built-in, its times.
+type Score = (usize, Vec<f64>, Vec<f64>);
+
+/// Weight bytes one call reads and its multiply-add flops, by the schedule's selection: gathered
+/// routes read a bank per route, grouped tokens each selected bank once, dense every bank
+/// (and multiply by all of them).
+fn work(k: &Kernel, d: Dims, elem: f64) -> (f64, f64) {
+    let bank = 3.0 * (d.h * d.f) as f64;
+    let selected = (d.t * d.r) as f64;
+    let (banks, products) = match k.schedule.select {
+        Selection::Gather => (selected, selected),
+        Selection::Grouped => (selected.min(d.e as f64), selected),
+        _ => (d.e as f64, (d.t * d.e) as f64),
+    };
+    (banks * bank * elem, 2.0 * products * bank)
+}
+
+/// Ranks `legal` against `incumbent` within `budget` seconds.
+pub fn search(
+    p: &Problem,
+    incumbent: &KernelEntry,
+    legal: Vec<(Schedule, Kernel)>,
+    budget: f64,
+    search: &mut Search,
+) -> Result<Vec<Ranked>, String> {
+    match p.dtype {
+        DType::Bf16 => run::<half::bf16>(p, incumbent, legal, budget, search),
+        DType::F16 => run::<half::f16>(p, incumbent, legal, budget, search),
+        DType::F32 => run::<f32>(p, incumbent, legal, budget, search),
+        d => Err(format!(
+            "tuning {d} weights on the CPU is not searched yet: tune the plain dtype (bf16, f16, f32)"
+        )),
+    }
+}
+
+fn run<W: Elem>(
+    p: &Problem,
+    incumbent: &KernelEntry,
+    legal: Vec<(Schedule, Kernel)>,
+    budget: f64,
+    search: &mut Search,
+) -> Result<Vec<Ranked>, String> {
+    let start = Instant::now();
+    let d = p.dims;
+    let shape = d.shape();
+    let elem = std::mem::size_of::<W>() as f64;
+    let backend = Backend::cpu();
+    let mut case = Case::<W>::new(moek_kernels::ir::Op::ExpertFfn, shape, 1);
+    let mut out = vec![0f32; d.t * d.h];
+    let mut call = |entry: &KernelEntry, seed: u64, out: &mut [f32]| -> Result<f64, String> {
+        (case.idx, case.weights) = routes(d.t, d.r, d.e, seed);
+        let inputs = case.inputs();
+        let any = moek_kernels::inputs::AnyInputs::new(&inputs, W::DTYPE);
+        let t = Instant::now();
+        moek_kernels::backend::run(&backend, entry, &shape, &any, out)?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    // Warm the incumbent (pages, pools) and learn its time.
+    let warm: Vec<f64> = (0..3)
+        .map(|i| call(incumbent, 10 + i, &mut out))
+        .collect::<Result<_, _>>()?;
+    let incumbent_s = median(warm.into_iter());
+    let (inc_bytes, inc_flops) = work(incumbent.ir(), d, elem);
+    let _ = incumbent_s;
+    // Work the estimate says is far beyond the incumbent's is not timed (a dense schedule
+    // multiplies every expert; gathered routes at a long prompt re-read a bank per route).
+    let mut entries: Vec<(Schedule, KernelEntry)> = Vec::new();
+    for (s, k) in legal {
+        let (bytes, flops) = work(&k, d, elem);
+        if bytes > 2.0 * inc_bytes || flops > 2.0 * inc_flops {
+            *search
+                .skipped
+                .entry("estimated work over twice the built-in's (not timed)".into())
+                .or_default() += 1;
+            continue;
+        }
+        entries.push((s, KernelEntry::scheduled(k)));
+    }
+    // Rounds of successive halving: (calls per candidate, survivors kept after).
+    let mut scores: Vec<Score> = (0..entries.len()).map(|i| (i, vec![], vec![])).collect();
+    let rounds = [(1usize, 0.25f64), (3, 0.0), (9, 0.0)];
+    let mut seed = 1000u64;
+    // Candidates a round dropped, best first (they rank after the finalists).
+    let mut dropped: Vec<Vec<Score>> = Vec::new();
+    for (round, &(calls, keep)) in rounds.iter().enumerate() {
+        if round > 0 {
+            scores.sort_by(|a, b| median_of(&a.1).total_cmp(&median_of(&b.1)));
+            let n = if round == 1 {
+                ((scores.len() as f64 * keep).ceil() as usize).max(8)
+            } else {
+                4
+            };
+            dropped.push(scores.split_off(n.min(scores.len())));
+        }
+        // What this round costs, and what the budget leaves for it.
+        let left = budget - start.elapsed().as_secs_f64();
+        let per = 2.0 * incumbent_s * calls as f64;
+        let fits = ((left / (rounds.len() - round) as f64 / per).floor() as usize).max(1);
+        if scores.len() > fits && round == 0 {
+            // An even sample of the space is timed; the rest is counted, not ranked.
+            let stride = scores.len() as f64 / fits as f64;
+            let kept: Vec<_> = (0..fits)
+                .map(|i| scores[(i as f64 * stride) as usize].clone())
+                .collect();
+            *search
+                .skipped
+                .entry("over the time budget (not timed)".into())
+                .or_default() += scores.len() - kept.len();
+            scores = kept;
+        } else if scores.len() > fits {
+            // Later rounds keep their best (sorted above), the rest rank on fewer calls.
+            dropped.push(scores.split_off(fits));
+        }
+        let total = scores.len();
+        for (n, (i, ratios, times)) in scores.iter_mut().enumerate() {
+            for _ in 0..calls {
+                seed += 1;
+                let inc = call(incumbent, seed, &mut out)?;
+                let t = call(&entries[*i].1, seed, &mut out)?;
+                ratios.push(t / inc);
+                times.push(t);
+                search.incumbent_times.push(inc);
+            }
+            search.progress(&format!("round {}: {}/{total}", round + 1, n + 1));
+        }
+    }
+    scores.sort_by(|a, b| median_of(&a.1).total_cmp(&median_of(&b.1)));
+    scores.extend(dropped.into_iter().rev().flatten());
+    let decode = d.t <= 8;
+    let floor = if decode {
+        let probe = moek_cpu::bandwidth::Probe::new(SAMPLE_PROBE_BYTES);
+        median((0..5).map(|_| probe.best_of(2)))
+    } else {
+        moek_cpu::isa().peak_gflops(rayon::current_num_threads()) * 1e9
+    };
+    let figure = |seconds: f64, k: &Kernel| {
+        let (b, f) = work(k, d, elem);
+        if decode { b / seconds } else { f / seconds }
+    };
+    let inc_median = median(search.incumbent_times.iter().copied());
+    search.incumbent_figure = Some(figure(inc_median, incumbent.ir()) / 1e9);
+    search.floor = Some(floor / 1e9);
+    Ok(scores
+        .into_iter()
+        .map(|(i, ratios, times)| {
+            let (schedule, entry) = &entries[i];
+            let seconds = median(times.iter().copied());
+            let fig = figure(seconds, entry.ir());
+            Ranked {
+                schedule: schedule.clone(),
+                kernel: entry.ir().clone(),
+                figure: fig / 1e9,
+                unit: if decode { "GB/s" } else { "GFLOP/s" },
+                floor_ratio: fig / floor,
+                vs_builtin: 1.0 / median_of(&ratios),
+                calls: times.len(),
+                simulated: None,
+            }
+        })
+        .collect())
+}
+
+fn median_of(v: &[f64]) -> f64 {
+    median(v.iter().copied())
+}

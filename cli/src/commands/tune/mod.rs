@@ -1,0 +1,429 @@
+//! `moek tune`: search the legal schedules of an expert FFN at one geometry, dtype and target;
+//! rank them by measurement (cpu) or by the cost model (spyre); print the ranking; write the
+//! winner as a spec and remember it in a cache. docs/tuning.md says what the space is, how each
+//! target picks and what the cache key holds.
+
+mod cache;
+mod cpu;
+mod space;
+#[cfg(feature = "spyre")]
+mod spyre;
+
+use super::figures::{Format, print_json};
+use super::{BackendArg, CommandError};
+use moek_kernels::Registry;
+use moek_kernels::dispatch::{Task, choose};
+use moek_kernels::ir::{Activation, DType, Kernel, Op, Target};
+use space::{Dims, Problem, Schedule};
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+pub use space::compile;
+
+#[derive(clap::Args, Debug)]
+pub struct TuneArgs {
+    /// The op to search (expert_ffn).
+    #[arg(long, default_value = "expert_ffn")]
+    pub op: String,
+    /// Its sizes, e.g. `T=1,R=8,E=128,H=2816,F=704`.
+    #[arg(long, conflicts_with = "spec")]
+    pub dims: Option<String>,
+    /// Search around a spec: its op, sizes, activation and first dtype.
+    #[arg(long)]
+    pub spec: Option<String>,
+    /// The element type of weights and activations.
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// The experts' activation (gelu_tanh, silu, swiglu_clamped).
+    #[arg(long)]
+    pub activation: Option<String>,
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    pub target: BackendArg,
+    /// CPU: seconds the measurements may take.
+    #[arg(long, default_value_t = 60.0)]
+    pub budget: f64,
+    /// Spyre: how many of the best are also simulated on values.
+    #[arg(long, default_value_t = 3)]
+    pub simulate: usize,
+    /// Rows of the ranking printed (text).
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+    /// Write the winner as `kernel!` text to this file.
+    #[arg(long)]
+    pub write: Option<PathBuf>,
+    /// The cache of winners (default: $XDG_CACHE_HOME/moek/tune.json or ~/.cache/moek/tune.json).
+    #[arg(long, conflicts_with = "no_cache")]
+    pub cache: Option<PathBuf>,
+    /// Neither read nor write the cache.
+    #[arg(long)]
+    pub no_cache: bool,
+}
+
+/// One ranked candidate.
+#[derive(Clone, Debug)]
+pub struct Ranked {
+    pub schedule: Schedule,
+    pub kernel: Kernel,
+    pub figure: f64,
+    pub unit: &'static str,
+    pub floor_ratio: f64,
+    /// The built-in's time over this one's (above 1: faster than the built-in).
+    pub vs_builtin: f64,
+    /// Timed calls (cpu).
+    pub calls: usize,
+    pub simulated: Option<Simulated>,
+}
+
+/// A Spyre candidate simulated on values.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Simulated {
+    pub passed: bool,
+    pub deviation: String,
+    /// The simulated run counted the bytes and ring traffic the counting walk did.
+    pub counts_agree: bool,
+}
+
+/// What a search gathers besides the ranking.
+#[derive(Debug, Default)]
+pub struct Search {
+    pub skipped: BTreeMap<String, usize>,
+    pub incumbent_times: Vec<f64>,
+    pub incumbent_figure: Option<f64>,
+    pub floor: Option<f64>,
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl Search {
+    fn progress(&self, what: &str) {
+        if let Some(bar) = &self.bar {
+            bar.set_message(what.to_string());
+            bar.tick();
+        }
+    }
+}
+
+/// What `--format json` prints (and the cache keeps).
+#[derive(Debug, serde::Serialize, serde::Deserialize, Clone)]
+pub struct Outcome {
+    pub op: String,
+    pub dims: Dims,
+    pub dtype: String,
+    pub activation: String,
+    pub target: String,
+    pub builtin: String,
+    pub builtin_figure: Option<f64>,
+    pub floor: Option<f64>,
+    pub candidates: usize,
+    pub legal: usize,
+    pub pruned: BTreeMap<String, usize>,
+    pub skipped: BTreeMap<String, usize>,
+    pub ranked: Vec<RankedRow>,
+    pub seconds: f64,
+    /// The winner as `kernel!` text.
+    pub spec: String,
+    pub cached: bool,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, Clone)]
+pub struct RankedRow {
+    pub schedule: String,
+    pub figure: f64,
+    pub unit: String,
+    pub floor_ratio: f64,
+    pub vs_builtin: f64,
+    /// Timed calls behind the figure (cpu; 0 for the cost model).
+    pub calls: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub simulated: Option<Simulated>,
+}
+
+pub fn run(registry: &Registry, args: &TuneArgs) -> Result<ExitCode, CommandError> {
+    let start = Instant::now();
+    let usage = CommandError::Usage;
+    let p = problem(registry, args)?;
+    let target = p.target;
+    let backend = args.target.backend();
+    if !backend.compiled() {
+        return Err(usage(format!(
+            "the {target} backend is not part of this build"
+        )));
+    }
+    let task = Task {
+        activation: p.activation,
+        ..Task::from(Op::ExpertFfn)
+    };
+    let shape = p.dims.shape();
+    let incumbent = choose(registry, &backend, task, p.dtype, &shape, None)?;
+    let incumbent = super::spec(registry, &incumbent.kernel)?;
+    let all = space::candidates(&p);
+    let key = cache::Key::of(&p, &all);
+    let cache_path =
+        (!args.no_cache).then(|| args.cache.clone().unwrap_or_else(cache::default_path));
+    if let Some(path) = &cache_path
+        && let Some(mut hit) = cache::read(path, &key).map_err(usage)?
+    {
+        hit.cached = true;
+        return finish(args, &p, hit);
+    }
+    let candidates = all.len();
+    let checked = space::check(&p, all);
+    let legal = checked.legal.len();
+    if legal == 0 {
+        return Err(usage(format!(
+            "no legal schedule for expert_ffn at {} on {target}: {}",
+            p.dims.text(),
+            reasons(&checked.pruned)
+        )));
+    }
+    let mut search = Search {
+        bar: std::io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new_spinner();
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{spinner} {elapsed} tune: {msg}")
+                    .expect("a valid template"),
+            );
+            bar
+        }),
+        ..Search::default()
+    };
+    let ranked = match target {
+        Target::Cpu => {
+            cpu::search(&p, &incumbent, checked.legal, args.budget, &mut search).map_err(usage)?
+        }
+        #[cfg(feature = "spyre")]
+        Target::Spyre => spyre::search(&p, &incumbent, checked.legal, args.simulate, &mut search)
+            .map_err(usage)?,
+        t => {
+            return Err(usage(format!(
+                "`moek tune --target {t}` is not searched yet (cpu and spyre are)"
+            )));
+        }
+    };
+    if let Some(bar) = search.bar.take() {
+        bar.finish_and_clear();
+    }
+    let winner = ranked.first().ok_or_else(|| {
+        usage(format!(
+            "every legal schedule was skipped: {}",
+            reasons(&search.skipped)
+        ))
+    })?;
+    let name = format!(
+        "tuned_expert_ffn_{}_{}",
+        target,
+        p.dims.text().to_lowercase().replace(['=', ','], "")
+    );
+    let doc = format!(
+        "Tuned by `moek tune` for {target} at {} ({}): {:.3} {} against the built-in `{}`'s {}.",
+        p.dims.text(),
+        p.dtype,
+        winner.figure,
+        winner.unit,
+        incumbent.name(),
+        search
+            .incumbent_figure
+            .map_or("(unmeasured)".into(), |f| format!("{f:.3}"))
+    );
+    let spec = winner.schedule.spec(&name, &p, &doc);
+    // What is written compiles to what was ranked.
+    let back =
+        compile(&spec).map_err(|e| usage(format!("the winner's spec does not check: {e}")))?;
+    debug_assert_eq!(back.schedule, winner.kernel.schedule);
+    let outcome = Outcome {
+        op: "expert_ffn".into(),
+        dims: p.dims,
+        dtype: p.dtype.to_string(),
+        activation: space::activation_text(p.activation),
+        target: target.to_string(),
+        builtin: incumbent.name().to_string(),
+        builtin_figure: search.incumbent_figure,
+        floor: search.floor,
+        candidates,
+        legal,
+        pruned: checked.pruned,
+        skipped: search.skipped,
+        ranked: ranked
+            .iter()
+            .map(|r| RankedRow {
+                schedule: r.schedule.summary(),
+                figure: r.figure,
+                unit: r.unit.into(),
+                floor_ratio: r.floor_ratio,
+                vs_builtin: r.vs_builtin,
+                calls: r.calls,
+                simulated: r.simulated.clone(),
+            })
+            .collect(),
+        seconds: start.elapsed().as_secs_f64(),
+        spec,
+        cached: false,
+    };
+    if let Some(path) = &cache_path {
+        cache::write(path, &key, &outcome).map_err(usage)?;
+    }
+    finish(args, &p, outcome)
+}
+
+/// Prints the outcome and writes the winner's spec where asked.
+fn finish(args: &TuneArgs, p: &Problem, o: Outcome) -> Result<ExitCode, CommandError> {
+    if let Some(path) = &args.write {
+        std::fs::write(path, &o.spec)
+            .map_err(|e| CommandError::Usage(format!("cannot write `{}`: {e}", path.display())))?;
+    }
+    match args.format {
+        Format::Json => print_json(&o),
+        Format::Text => {
+            println!(
+                "expert_ffn {} {} {} on {}: {} candidates, {} legal, {:.1} s{}",
+                p.dims.text(),
+                o.dtype,
+                o.activation,
+                o.target,
+                o.candidates,
+                o.legal,
+                o.seconds,
+                if o.cached { " (cached)" } else { "" }
+            );
+            for (why, n) in &o.pruned {
+                println!("  pruned {n:>5}: {why}");
+            }
+            for (why, n) in &o.skipped {
+                println!("  skipped {n:>4}: {why}");
+            }
+            let unit = o.ranked.first().map_or("", |r| r.unit.as_str());
+            println!(
+                "built-in `{}`: {} {unit}; floor {} {unit}",
+                o.builtin,
+                o.builtin_figure.map_or("-".into(), |f| format!("{f:.3}")),
+                o.floor.map_or("-".into(), |f| format!("{f:.3}")),
+            );
+            println!(
+                "{:>4} {:>10} {:>7} {:>8}  schedule",
+                "rank", unit, "floor", "builtin"
+            );
+            for (i, r) in o.ranked.iter().take(args.top).enumerate() {
+                let sim = r.simulated.as_ref().map_or(String::new(), |s| {
+                    format!(
+                        "  [simulated: {}, {}; counts {}]",
+                        if s.passed {
+                            "within tolerance"
+                        } else {
+                            "OUT OF TOLERANCE"
+                        },
+                        s.deviation,
+                        if s.counts_agree { "agree" } else { "DIFFER" }
+                    )
+                });
+                println!(
+                    "{:>4} {:>10.3} {:>6.0}% {:>7.2}x  {}{sim}",
+                    i + 1,
+                    r.figure,
+                    r.floor_ratio * 100.0,
+                    r.vs_builtin,
+                    r.schedule
+                );
+            }
+            if let Some(path) = &args.write {
+                println!("winner written to {}", path.display());
+            }
+        }
+    }
+    let failed = o
+        .ranked
+        .iter()
+        .filter_map(|r| r.simulated.as_ref())
+        .any(|s| !s.passed || !s.counts_agree);
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn reasons(m: &BTreeMap<String, usize>) -> String {
+    m.iter()
+        .map(|(why, n)| format!("{n} x {why}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The problem the arguments name.
+fn problem(registry: &Registry, args: &TuneArgs) -> Result<Problem, CommandError> {
+    let usage = CommandError::Usage;
+    if args.op != "expert_ffn" {
+        return Err(usage(format!(
+            "`--op {}` is not searched yet; `moek tune` searches expert_ffn",
+            args.op
+        )));
+    }
+    let target = args.target.target();
+    let (dims, spec_dtype, spec_activation) = match (&args.dims, &args.spec) {
+        (Some(d), None) => (Dims::parse(d).map_err(usage)?, None, None),
+        (None, Some(name)) => {
+            let entry = super::spec(registry, name)?;
+            let k = entry.ir();
+            if k.op != Op::ExpertFfn {
+                return Err(usage(format!(
+                    "`{name}` is a {} spec; `moek tune` searches expert_ffn",
+                    k.op
+                )));
+            }
+            let s = moek_kernels::geometry::real_shape(k);
+            (
+                Dims {
+                    t: s.t,
+                    r: s.r,
+                    e: s.e,
+                    h: s.h,
+                    f: s.f,
+                },
+                k.dtypes.first().copied(),
+                Some(k.activation),
+            )
+        }
+        _ => {
+            return Err(usage(
+                "say what to tune: `--dims T=..,R=..,E=..,H=..,F=..` or `--spec NAME`".into(),
+            ));
+        }
+    };
+    let dtype = match &args.dtype {
+        Some(d) => DType::from_name(d).ok_or_else(|| {
+            usage(format!(
+                "unknown dtype `{d}`; valid: {}",
+                DType::valid_names()
+            ))
+        })?,
+        None => spec_dtype.unwrap_or(DType::Bf16),
+    };
+    let activation = match &args.activation {
+        Some(a) => activation(a).map_err(usage)?,
+        None => spec_activation.unwrap_or_default(),
+    };
+    Ok(Problem {
+        dims,
+        dtype,
+        activation,
+        target,
+    })
+}
+
+/// An activation by its spec name; gpt-oss's clamped SwiGLU with its published parameters.
+fn activation(name: &str) -> Result<Activation, String> {
+    match name {
+        "gelu_tanh" => Ok(Activation::GeluTanh),
+        "silu" => Ok(Activation::Silu),
+        "swiglu_clamped" => Ok(Activation::SwigluClamped {
+            limit: 7.0,
+            alpha: 1.702,
+        }),
+        a => Err(format!(
+            "unknown activation `{a}`; valid: gelu_tanh, silu, swiglu_clamped"
+        )),
+    }
+}

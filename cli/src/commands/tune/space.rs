@@ -1,0 +1,337 @@
+//! The candidate schedules of an expert FFN, stated as `kernel!` text and kept only where the
+//! DSL's own checker accepts them: the space is what the grammar can say, legality is the
+//! compiler's, and an illegal candidate is counted by the checker's first reason, never run.
+
+use moek_kernels::ir::{Activation, DType, Kernel, Target};
+use std::collections::BTreeMap;
+
+/// The sizes of an expert FFN (`T` tokens, `R` routes a token, `E` experts, hidden `H`,
+/// intermediate `F`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Dims {
+    pub t: usize,
+    pub r: usize,
+    pub e: usize,
+    pub h: usize,
+    pub f: usize,
+}
+
+impl Dims {
+    /// `T=1,R=8,E=128,H=2816,F=704` (any order, every dim once).
+    pub fn parse(text: &str) -> Result<Dims, String> {
+        let mut got: BTreeMap<&str, usize> = BTreeMap::new();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (name, value) = part
+                .split_once('=')
+                .ok_or_else(|| format!("`{part}` is not DIM=SIZE"))?;
+            let name = name.trim();
+            if !["T", "R", "E", "H", "F"].contains(&name) {
+                return Err(format!(
+                    "`{name}` is not a dim of expert_ffn; valid: T, R, E, H, F"
+                ));
+            }
+            let value: usize = value
+                .trim()
+                .parse()
+                .ok()
+                .filter(|&v| v > 0)
+                .ok_or_else(|| format!("`{part}`: a size is a positive integer"))?;
+            if got.insert(name, value).is_some() {
+                return Err(format!("`{name}` is given twice"));
+            }
+        }
+        let dim = |n: &str| {
+            got.get(n)
+                .copied()
+                .ok_or_else(|| format!("`--dims` needs every dim of expert_ffn; `{n}` is missing"))
+        };
+        let d = Dims {
+            t: dim("T")?,
+            r: dim("R")?,
+            e: dim("E")?,
+            h: dim("H")?,
+            f: dim("F")?,
+        };
+        if d.r > d.e {
+            return Err(format!("R {} routes a token among E {} experts", d.r, d.e));
+        }
+        Ok(d)
+    }
+
+    pub fn text(&self) -> String {
+        format!(
+            "T={},R={},E={},H={},F={}",
+            self.t, self.r, self.e, self.h, self.f
+        )
+    }
+
+    pub fn shape(&self) -> moek_kernels::Shape {
+        moek_kernels::Shape {
+            t: self.t,
+            r: self.r,
+            e: self.e,
+            h: self.h,
+            f: self.f,
+            ..moek_kernels::geometry::DECODE
+        }
+    }
+}
+
+/// What is searched: the op's sizes, its element type and activation, and the target.
+#[derive(Clone, Debug)]
+pub struct Problem {
+    pub dims: Dims,
+    pub dtype: DType,
+    pub activation: Activation,
+    pub target: Target,
+}
+
+/// One point of the space: the schedule's entries, in the order docs/dsl.md documents them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Schedule {
+    pub lines: Vec<(String, String)>,
+}
+
+impl Schedule {
+    /// The entries on one line, as a table shows them.
+    pub fn summary(&self) -> String {
+        self.lines
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// The whole spec, named `name`, as `kernel!` text.
+    pub fn spec(&self, name: &str, p: &Problem, doc: &str) -> String {
+        let d = p.dims;
+        let mut lines = vec![
+            (
+                "dims".to_string(),
+                format!(
+                    "T = {}, R = {}, E = {}, H = {}, F = {}",
+                    d.t, d.r, d.e, d.h, d.f
+                ),
+            ),
+            ("dtypes".to_string(), p.dtype.to_string()),
+            ("targets".to_string(), p.target.to_string()),
+        ];
+        if p.activation != Activation::default() {
+            lines.push(("activation".to_string(), activation_text(p.activation)));
+        }
+        lines.extend(self.lines.iter().cloned());
+        let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
+        let body: String = lines
+            .iter()
+            .map(|(k, v)| format!("        {:<width$} {v};\n", format!("{k}:")))
+            .collect();
+        let doc: String = doc.lines().map(|l| format!("    /// {l}\n")).collect();
+        format!("{doc}    pub {name} = expert_ffn {{\n{body}    }}\n")
+    }
+}
+
+/// An activation as a spec writes it.
+pub fn activation_text(a: Activation) -> String {
+    match a {
+        Activation::GeluTanh => "gelu_tanh".into(),
+        Activation::Silu => "silu".into(),
+        Activation::SwigluClamped { limit, alpha } => {
+            format!("swiglu_clamped(limit = {limit:?}, alpha = {alpha:?})")
+        }
+    }
+}
+
+/// Every schedule the grammar can state for `p`'s sizes, before the checker: selection (gather,
+/// grouped, dense with a persistent expert loop), reduction blocks of H, column blocks of H,
+/// core splits per phase (route owners, tokens, and one reduction or column dim), token groups.
+pub fn candidates(p: &Problem) -> Vec<Schedule> {
+    let d = p.dims;
+    let mut out = Vec::new();
+    let line = |k: &str, v: String| (k.to_string(), v);
+    // Reduction blocks of H: equal blocks, 2 to 8 of them (the checker keeps those in whole
+    // sticks on Spyre).
+    let mut reduce: Vec<Option<String>> = vec![None];
+    reduce.extend(
+        (2..=8)
+            .filter(|&n| d.h.is_multiple_of(n))
+            .map(|n| Some(format!("H = {} x {n}", d.h / n))),
+    );
+    // Column blocks of H: blocks of c columns, the remainder last (1024/1024/768 is c = 1024
+    // at H 2816), at most 8 blocks.
+    let mut columns: Vec<Option<String>> = vec![None];
+    for c in [256, 512, 768, 1024, 1536, 2048] {
+        if c >= d.h || d.h.div_ceil(c) > 8 {
+            continue;
+        }
+        let mut sizes = vec![c; d.h / c];
+        if !d.h.is_multiple_of(c) {
+            sizes.push(d.h % c);
+        }
+        let text = sizes
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        columns.push(Some(format!("H = [{text}]")));
+    }
+    let routes: Vec<usize> = [d.r, d.r / 2, 1]
+        .into_iter()
+        .filter(|&r| r >= 1)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    // Gathered routes (decode and short prompts): route owners alone, or route owners beside a
+    // split of the phase's other cut dim.
+    let gate_up: Vec<String> = routes
+        .iter()
+        .map(|r| format!("R = {r}"))
+        .chain([2, 4].map(|k| format!("R x F = {} x {k}", d.r)))
+        .collect();
+    let down: Vec<String> = routes
+        .iter()
+        .map(|r| format!("R = {r}"))
+        .chain([2, 4].map(|k| format!("R x H = {} x {k}", d.r)))
+        .collect();
+    if d.t <= 8 {
+        for red in &reduce {
+            for col in &columns {
+                for gu in &gate_up {
+                    for dn in &down {
+                        let mut lines = vec![line("select", "gather E by R".into())];
+                        lines.extend(red.clone().map(|v| line("reduce", v)));
+                        lines.extend(col.clone().map(|v| line("columns", v)));
+                        lines.push(line("cores(gate_up)", gu.clone()));
+                        lines.push(line("cores(down)", dn.clone()));
+                        if red.is_some() || col.is_some() {
+                            lines.push(line("requires", "indexed_selection_layout".into()));
+                        }
+                        out.push(Schedule { lines });
+                    }
+                }
+            }
+        }
+    }
+    if d.t >= 2 {
+        // Tokens grouped by expert: one GEMM pair per bank (the grammar gives it no cuts).
+        out.push(Schedule {
+            lines: vec![line("select", "grouped E by R".into())],
+        });
+        // Every expert densely in one persistent loop, token groups owning x and the
+        // accumulator, T x (H or F) core splits per phase.
+        let splits = |second: &str| -> Vec<String> {
+            let mut v = Vec::new();
+            for a in [1, 2, 4, 8, 16, 32] {
+                for b in [1, 2, 4, 8] {
+                    if a * b <= 32 && a * b >= 8 {
+                        v.push(format!("T x {second} = {a} x {b}"));
+                    }
+                }
+            }
+            v
+        };
+        for g in [8, 16, 32] {
+            for gu in splits("H").iter().chain(&splits("F")) {
+                for dn in splits("H").iter().chain(&splits("F")) {
+                    out.push(Schedule {
+                        lines: vec![
+                            line("select", "dense E".into()),
+                            line("loop", "E persistent".into()),
+                            line("groups", format!("T = {g}")),
+                            line("cores(gate_up)", gu.clone()),
+                            line("cores(down)", dn.clone()),
+                            line("requires", "lx_completed_sum".into()),
+                        ],
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The checker's verdict on every candidate: the legal ones with their IR, and the illegal ones
+/// counted by reason (the checker's first message, numbers written `N`, so one rule is one row).
+#[derive(Debug, Default)]
+pub struct Checked {
+    pub legal: Vec<(Schedule, Kernel)>,
+    pub pruned: BTreeMap<String, usize>,
+}
+
+/// Runs the DSL's checker (the one `kernel!` runs) on each candidate's spec text.
+pub fn check(p: &Problem, candidates: Vec<Schedule>) -> Checked {
+    let mut checked = Checked::default();
+    for (i, s) in candidates.into_iter().enumerate() {
+        let text = s.spec(&format!("candidate_{i}"), p, "");
+        match compile(&text) {
+            Ok(k) => checked.legal.push((s, k)),
+            Err(why) => *checked.pruned.entry(reason(&why)).or_default() += 1,
+        }
+    }
+    checked
+}
+
+/// Parses and checks one spec's text as `kernel!` does: its IR, or the checker's messages.
+pub fn compile(text: &str) -> Result<Kernel, String> {
+    use std::str::FromStr;
+    let tokens = proc_macro2::TokenStream::from_str(text).map_err(|e| e.to_string())?;
+    let specs = moek_dsl::parse::parse_specs(tokens).map_err(|e| e.to_string())?;
+    let [spec] = specs.as_slice() else {
+        return Err(format!("expected one spec, found {}", specs.len()));
+    };
+    moek_dsl::check::check(spec).map_err(|e| {
+        e.into_iter()
+            .map(|m| m.to_string())
+            .collect::<Vec<_>>()
+            .join("; ")
+    })
+}
+
+/// A checker message as a reason class: the first message, its numbers written `N`.
+fn reason(message: &str) -> String {
+    let first = message.split("; ").next().unwrap_or(message);
+    let mut out = String::new();
+    let mut in_number = false;
+    for c in first.chars() {
+        if c.is_ascii_digit() || (in_number && c == '.') {
+            if !in_number {
+                out.push('N');
+            }
+            in_number = true;
+        } else {
+            in_number = false;
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_class_messages_by_their_words() {
+        assert_eq!(
+            reason("split 3 does not divide `H` 2816; valid: 1, 2"),
+            "split N does not divide `H` N"
+        );
+    }
+
+    #[test]
+    fn dims_are_read_whole_or_refused() {
+        let d = Dims::parse("T=1,R=8,E=128,H=2816,F=704").unwrap();
+        assert_eq!(d.text(), "T=1,R=8,E=128,H=2816,F=704");
+        assert!(
+            Dims::parse("T=1,R=8,E=128,H=2816")
+                .unwrap_err()
+                .contains("`F`")
+        );
+        assert!(
+            Dims::parse("T=1,R=8,E=4,H=2,F=2")
+                .unwrap_err()
+                .contains("R 8")
+        );
+        assert!(Dims::parse("X=1").unwrap_err().contains("valid: T"));
+    }
+}
