@@ -34,3 +34,17 @@ fn the_per_model_specs_in_the_docs_are_the_ones_compiled() {
         );
     }
 }
+
+#[test]
+fn the_tuned_specs_in_the_docs_are_the_ones_compiled() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let pass = std::fs::read_to_string(format!("{root}/tests/ui/pass/tuned_decode_specs.rs"))
+        .expect("the pass case");
+    let docs = std::fs::read_to_string(format!("{root}/docs/dsl.md")).expect("docs/dsl.md");
+    let block = kernel_block(&pass);
+    assert!(
+        docs.contains(block),
+        "docs/dsl.md's \"Tuned specs\" differ from the pass case; copy:\n{block}"
+    );
+    assert_eq!(block.matches(" = expert_ffn {").count(), 5);
+}

@@ -219,7 +219,7 @@ pub fn run(registry: &Registry, args: &TuneArgs) -> Result<ExitCode, CommandErro
         p.dims.text().to_lowercase().replace(['=', ','], "")
     );
     let doc = format!(
-        "Tuned by `moek tune` for {target} at {} ({}): {:.3} {} against the built-in `{}`'s {}.",
+        "Tuned by `moek tune` for {target} at {} ({}):\n{:.3} {} against the built-in `{}`'s {}.",
         p.dims.text(),
         p.dtype,
         winner.figure,
