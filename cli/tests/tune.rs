@@ -213,3 +213,84 @@ fn bad_requests_are_refused_by_name() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+/// The f32 fixture (tiny Gemma-4 MoE: H 64, F 32, 8 experts, top-2).
+const F32: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../tests/fixtures/tiny-gemma4-moe-f32"
+);
+
+/// A spec tuned for the fixture (`--model`: its decode geometry, activation and f32 storage)
+/// serves the model: `--tuned` ranks it ahead of
+/// the built-ins and `--explain` names it on the decode steps' MoE (the one-token steps its
+/// `T = 1` admits). A tuned file that does not check is refused by name before the model loads.
+#[test]
+fn the_model_runs_a_tuned_spec_and_explain_names_it() {
+    let dir = Scratch::new("model");
+    let spec = dir.path("tuned.rs");
+    json(&[
+        "tune",
+        "--model",
+        F32,
+        "--target",
+        "cpu",
+        "--budget",
+        "2",
+        "--write",
+        &spec,
+        "--no-cache",
+        "--format",
+        "json",
+    ]);
+    let generate = [
+        "generate",
+        "--model",
+        F32,
+        "--tokens",
+        "2,17,5",
+        "--max-new-tokens",
+        "3",
+        "--greedy",
+        "--explain",
+        "--tuned",
+        &spec,
+    ];
+    let (ok, _, err) = moek(&generate);
+    assert!(ok, "{err}");
+    let name = "tuned_expert_ffn_cpu_t1r2e8h64f32";
+    let decode: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains(" moe (1 tokens)"))
+        .collect();
+    assert!(!decode.is_empty(), "{err}");
+    assert!(decode.iter().all(|l| l.contains(name)), "{err}");
+    std::fs::write(&spec, "pub broken = expert_ffn { dims: T = 1; }").unwrap();
+    let (ok, out, err) = moek(&generate);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(err.contains("--tuned") && err.contains("broken"), "{err}");
+}
+
+/// wgpu is searched by measurement as the CPU is (on lavapipe here, at a small size): ranked,
+/// timed against the built-in in the same rounds, with no floor claimed.
+#[test]
+fn wgpu_is_searched_by_measurement() {
+    let v = json(&[
+        "tune",
+        "--dims",
+        "T=1,R=2,E=4,H=256,F=128",
+        "--dtype",
+        "f32",
+        "--target",
+        "wgpu",
+        "--budget",
+        "10",
+        "--no-cache",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(v["target"], "wgpu");
+    let best = &v["ranked"][0];
+    assert!(best["calls"].as_u64().unwrap() >= 1, "{v}");
+    assert!(best["figure"].as_f64().unwrap() > 0.0);
+    assert!(best["floor_ratio"].is_null() && v["floor"].is_null(), "{v}");
+}

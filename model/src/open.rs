@@ -9,7 +9,8 @@ use crate::forward::{Cache, CausalLm, Head, Kernels, ModelError, Trace};
 use crate::quantized::Quant;
 use crate::{gemma4, qwen3};
 use half::{bf16, f16};
-use moek_kernels::{Backend, Registry};
+use moek_kernels::ir::{Activation, DType};
+use moek_kernels::{Backend, Registry, Shape};
 use safetensors::Dtype;
 use serde_json::Value;
 use std::path::Path;
@@ -85,7 +86,22 @@ pub struct FamilyRow {
     /// Whether the checkpoint tensor `name` is one `--quantize` and `moek quantize` put in
     /// blocks (the expert banks, and the largest matrices the family's loader reads as blocks).
     pub quantized: fn(&str) -> bool,
+    /// The expert FFN its MoE layers dispatch, if any: E, R, H and F (T is free) and the
+    /// experts' activation (what `moek tune --model` searches).
+    pub moe: fn(&Value) -> Result<Option<(Shape, Activation)>, LoadError>,
     pub load: LoadFn,
+}
+
+/// An expert FFN's sizes with T free (set to 1).
+fn moe_shape(experts: usize, top_k: usize, hidden: usize, intermediate: usize) -> Shape {
+    Shape {
+        t: 1,
+        r: top_k,
+        e: experts,
+        h: hidden,
+        f: intermediate,
+        v: 0,
+    }
 }
 
 /// `$body` with `$w` the element type of the safetensors dtype `$dtype`.
@@ -117,6 +133,13 @@ pub const FAMILIES: &[FamilyRow] = &[
         layers: |v| Ok(gemma4::config::Config::from_json(v)?.layers.len()),
         eos: |v| Ok(gemma4::config::Config::from_json(v)?.eos),
         quantized: crate::quantized::quantized_tensor,
+        moe: |v| {
+            let cfg = gemma4::config::Config::from_json(v)?;
+            Ok(cfg.moe.map(|m| {
+                let s = moe_shape(m.experts, m.top_k, cfg.hidden, m.intermediate);
+                (s, Activation::GeluTanh)
+            }))
+        },
         load: |ck, v, o, dtype, progress| {
             let cfg = gemma4::config::Config::from_json(v)?;
             by_dtype!(dtype, W => {
@@ -131,6 +154,12 @@ pub const FAMILIES: &[FamilyRow] = &[
         layers: |v| Ok(qwen3::config::Config::from_json(v)?.layers.len()),
         eos: |v| Ok(qwen3::config::Config::from_json(v)?.eos),
         quantized: qwen3::weights::quantized_tensor,
+        moe: |v| {
+            let cfg = qwen3::config::Config::from_json(v)?;
+            let m = &cfg.moe;
+            let s = moe_shape(m.experts, m.top_k, cfg.hidden, m.intermediate);
+            Ok(Some((s, Activation::Silu)))
+        },
         load: |ck, v, o, dtype, progress| {
             let cfg = qwen3::config::Config::from_json(v)?;
             by_dtype!(dtype, W => {
@@ -212,6 +241,36 @@ pub fn family(family: Family) -> &'static FamilyRow {
         .expect("every family has a row")
 }
 
+/// The expert FFN a checkpoint's MoE layers dispatch, without loading it: sizes (T set to 1),
+/// the experts' activation and the storage dtype of its matrices; `None` for a model with no
+/// MoE layer.
+pub fn expert_ffn(dir: &Path) -> Result<Option<(Shape, Activation, DType)>, LoadError> {
+    let json = crate::config::read(dir)?;
+    let row = family(Family::of(&json)?);
+    let Some((shape, activation)) = (row.moe)(&json)? else {
+        return Ok(None);
+    };
+    let dtype = match storage_dtype(&Checkpoint::open(dir)?, row)? {
+        Dtype::BF16 => DType::Bf16,
+        Dtype::F16 => DType::F16,
+        _ => DType::F32,
+    };
+    Ok(Some((shape, activation, dtype)))
+}
+
+/// The checkpoint's storage dtype: that of a matrix that is never quantized (bf16, f16 or f32).
+fn storage_dtype(ck: &Checkpoint, row: &FamilyRow) -> Result<Dtype, LoadError> {
+    let names = (row.dtype_tensor)();
+    match ck.dtype(&names)? {
+        d @ (Dtype::BF16 | Dtype::F16 | Dtype::F32) => Ok(d),
+        other => Err(LoadError::DType {
+            tensor: names[0].clone(),
+            expected: "BF16, F16 or F32".into(),
+            found: format!("{other:?}"),
+        }),
+    }
+}
+
 /// Opens the checkpoint directory `dir` (config.json and safetensors) of any family in
 /// [`FAMILIES`], by its `model_type`.
 pub fn open(dir: &Path, options: &Options) -> Result<Model, LoadError> {
@@ -246,18 +305,7 @@ pub fn open_with_progress(
             return Err(LoadError::Memory { bytes, available });
         }
     }
-    // The storage dtype is that of a matrix that is never quantized.
-    let names = (row.dtype_tensor)();
-    let dtype = match ck.dtype(&names)? {
-        d @ (Dtype::BF16 | Dtype::F16 | Dtype::F32) => d,
-        other => {
-            return Err(LoadError::DType {
-                tensor: names[0].clone(),
-                expected: "BF16, F16 or F32".into(),
-                found: format!("{other:?}"),
-            });
-        }
-    };
+    let dtype = storage_dtype(&ck, row)?;
     let cell = Cell::try_new(ck, |ck| {
         (row.load)(ck, &json, options, dtype, &mut |n| progress(n, layers))
     })?;

@@ -7,6 +7,7 @@ pub mod figures;
 pub mod list;
 pub mod quantize;
 pub mod run;
+pub mod spec_text;
 #[cfg(feature = "spyre")]
 pub mod spyre;
 pub mod tune;

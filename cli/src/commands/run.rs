@@ -43,20 +43,46 @@ pub struct ModelArgs {
     /// embedding stay in the checkpoint's dtype).
     #[arg(long, value_enum)]
     pub quantize: Option<Quant>,
+    /// Specs as `moek tune --write` writes them (several may follow one another in the file):
+    /// checked as `kernel!` checks them, run from their schedules (no rebuild), ranked ahead of
+    /// the built-ins. `--explain` names the ones that ran.
+    #[arg(long)]
+    pub tuned: Option<PathBuf>,
 }
 
 impl ModelArgs {
-    /// What `moek_model::open` is asked for: the built-in specs, the flags' backend, weights,
-    /// quantization and forced variant.
-    pub fn options(&self) -> Options {
-        Options {
+    /// What `moek_model::open` is asked for: the built-in specs (the tuned ones ahead of them),
+    /// the flags' backend, weights, quantization and forced variant.
+    pub fn options(&self) -> Result<Options, CommandError> {
+        let mut options = Options {
             backend: self.backend.backend(),
             quantize: self.quantize,
             weights: self.weights,
             variant: self.variant.clone(),
             ..Options::default()
+        };
+        if let Some(path) = &self.tuned {
+            options.registry = std::sync::Arc::new(tuned(path)?);
         }
+        Ok(options)
     }
+}
+
+/// The built-in registry with the specs of `path` ranked ahead.
+fn tuned(path: &Path) -> Result<moek_kernels::Registry, CommandError> {
+    let refused = |why: String| CommandError::Usage(format!("`--tuned {}`: {why}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| refused(e.to_string()))?;
+    let kernels = super::spec_text::compile_all(&text).map_err(|e| refused(e.to_string()))?;
+    if kernels.is_empty() {
+        return Err(refused("the file holds no spec".into()));
+    }
+    moek_kernels::Registry::builtin()
+        .with(
+            kernels
+                .into_iter()
+                .map(moek_kernels::KernelEntry::scheduled),
+        )
+        .map_err(|e| refused(e.to_string()))
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -147,7 +173,7 @@ fn with_model(args: &ModelArgs, job: impl Job) -> Result<ExitCode, CommandError>
             "no tokens: give --tokens (or --prompt)".into(),
         ));
     }
-    let options = args.options();
+    let options = args.options()?;
     let residence = options.residence();
     let bar = indicatif::ProgressBar::new(0)
         .with_style(

@@ -4,7 +4,7 @@
 //! target picks and what the cache key holds.
 
 mod cache;
-mod cpu;
+mod measure;
 mod space;
 #[cfg(feature = "spyre")]
 mod spyre;
@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-pub use space::compile;
+use super::spec_text::compile;
 
 #[derive(clap::Args, Debug)]
 pub struct TuneArgs {
@@ -32,8 +32,12 @@ pub struct TuneArgs {
     #[arg(long, conflicts_with = "spec")]
     pub dims: Option<String>,
     /// Search around a spec: its op, sizes, activation and first dtype.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "model")]
     pub spec: Option<String>,
+    /// Search the decode expert FFN (one token) a checkpoint's MoE layers dispatch, at its
+    /// sizes, activation and storage dtype (`--write` then `--tuned` serves it to the model).
+    #[arg(long, conflicts_with = "dims")]
+    pub model: Option<PathBuf>,
     /// The element type of weights and activations.
     #[arg(long)]
     pub dtype: Option<String>,
@@ -71,7 +75,8 @@ pub struct Ranked {
     pub kernel: Kernel,
     pub figure: f64,
     pub unit: &'static str,
-    pub floor_ratio: f64,
+    /// The figure over the floor (none where the floor is not known: a GPU's).
+    pub floor_ratio: Option<f64>,
     /// The built-in's time over this one's (above 1: faster than the built-in).
     pub vs_builtin: f64,
     /// Timed calls (cpu).
@@ -134,7 +139,7 @@ pub struct RankedRow {
     pub schedule: String,
     pub figure: f64,
     pub unit: String,
-    pub floor_ratio: f64,
+    pub floor_ratio: Option<f64>,
     pub vs_builtin: f64,
     /// Timed calls behind the figure (cpu; 0 for the cost model).
     pub calls: usize,
@@ -147,7 +152,11 @@ pub fn run(registry: &Registry, args: &TuneArgs) -> Result<ExitCode, CommandErro
     let usage = CommandError::Usage;
     let p = problem(registry, args)?;
     let target = p.target;
-    let backend = args.target.backend();
+    // wgpu keeps each candidate's weights on the device across its calls, as the model does.
+    let backend = match target {
+        Target::Wgpu => args.target.backend().with_resident_weights(),
+        _ => args.target.backend(),
+    };
     if !backend.compiled() {
         return Err(usage(format!(
             "the {target} backend is not part of this build"
@@ -160,7 +169,13 @@ pub fn run(registry: &Registry, args: &TuneArgs) -> Result<ExitCode, CommandErro
     let shape = p.dims.shape();
     let incumbent = choose(registry, &backend, task, p.dtype, &shape, None)?;
     let incumbent = super::spec(registry, &incumbent.kernel)?;
-    let all = space::candidates(&p);
+    let mut all = space::candidates(&p);
+    // The built-in's own schedule is a candidate: a search never ends slower than it.
+    if let Some(own) = Schedule::of(incumbent.ir())
+        && !all.contains(&own)
+    {
+        all.push(own);
+    }
     let key = cache::Key::of(&p, &all);
     let cache_path =
         (!args.no_cache).then(|| args.cache.clone().unwrap_or_else(cache::default_path));
@@ -192,17 +207,20 @@ pub fn run(registry: &Registry, args: &TuneArgs) -> Result<ExitCode, CommandErro
         ..Search::default()
     };
     let ranked = match target {
-        Target::Cpu => {
-            cpu::search(&p, &incumbent, checked.legal, args.budget, &mut search).map_err(usage)?
-        }
+        Target::Cpu | Target::Wgpu => measure::search(
+            &p,
+            &backend,
+            &incumbent,
+            checked.legal,
+            args.budget,
+            &mut search,
+        )
+        .map_err(usage)?,
         #[cfg(feature = "spyre")]
         Target::Spyre => spyre::search(&p, &incumbent, checked.legal, args.simulate, &mut search)
             .map_err(usage)?,
-        t => {
-            return Err(usage(format!(
-                "`moek tune --target {t}` is not searched yet (cpu and spyre are)"
-            )));
-        }
+        #[cfg(not(feature = "spyre"))]
+        Target::Spyre => return Err(usage("the spyre backend is not part of this build".into())),
     };
     if let Some(bar) = search.bar.take() {
         bar.finish_and_clear();
@@ -233,7 +251,11 @@ pub fn run(registry: &Registry, args: &TuneArgs) -> Result<ExitCode, CommandErro
     // What is written compiles to what was ranked.
     let back =
         compile(&spec).map_err(|e| usage(format!("the winner's spec does not check: {e}")))?;
-    debug_assert_eq!(back.schedule, winner.kernel.schedule);
+    if back.schedule != winner.kernel.schedule {
+        return Err(usage(format!(
+            "the winner's spec states another schedule than the one ranked:\n{spec}"
+        )));
+    }
     let outcome = Outcome {
         op: "expert_ffn".into(),
         dims: p.dims,
@@ -320,10 +342,11 @@ fn finish(args: &TuneArgs, p: &Problem, o: Outcome) -> Result<ExitCode, CommandE
                     )
                 });
                 println!(
-                    "{:>4} {:>10.3} {:>6.0}% {:>7.2}x  {}{sim}",
+                    "{:>4} {:>10.3} {:>7} {:>7.2}x  {}{sim}",
                     i + 1,
                     r.figure,
-                    r.floor_ratio * 100.0,
+                    r.floor_ratio
+                        .map_or("-".into(), |f| format!("{:.0}%", f * 100.0)),
                     r.vs_builtin,
                     r.schedule
                 );
@@ -362,9 +385,21 @@ fn problem(registry: &Registry, args: &TuneArgs) -> Result<Problem, CommandError
         )));
     }
     let target = args.target.target();
-    let (dims, spec_dtype, spec_activation) = match (&args.dims, &args.spec) {
-        (Some(d), None) => (Dims::parse(d).map_err(usage)?, None, None),
-        (None, Some(name)) => {
+    let (dims, spec_dtype, spec_activation) = match (&args.dims, &args.spec, &args.model) {
+        (Some(d), None, None) => (Dims::parse(d).map_err(usage)?, None, None),
+        (None, None, Some(dir)) => {
+            let (s, activation, dtype) = moek_model::open::expert_ffn(dir)?
+                .ok_or_else(|| usage(format!("`{}` has no MoE layer to tune", dir.display())))?;
+            let dims = Dims {
+                t: 1,
+                r: s.r,
+                e: s.e,
+                h: s.h,
+                f: s.f,
+            };
+            (dims, Some(dtype), Some(activation))
+        }
+        (None, Some(name), None) => {
             let entry = super::spec(registry, name)?;
             let k = entry.ir();
             if k.op != Op::ExpertFfn {
@@ -388,7 +423,7 @@ fn problem(registry: &Registry, args: &TuneArgs) -> Result<Problem, CommandError
         }
         _ => {
             return Err(usage(
-                "say what to tune: `--dims T=..,R=..,E=..,H=..,F=..` or `--spec NAME`".into(),
+                "say what to tune: `--dims T=..,R=..,E=..,H=..,F=..`, `--spec NAME` or `--model DIR`".into(),
             ));
         }
     };

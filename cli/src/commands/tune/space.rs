@@ -130,6 +130,66 @@ impl Schedule {
     }
 }
 
+impl Schedule {
+    /// The schedule of `k` (a built-in spec, say) as spec entries, so the incumbent is a
+    /// candidate too and the search never ends slower than it. `None` where `k` has an entry
+    /// the search does not state (streaming tiles).
+    pub fn of(k: &Kernel) -> Option<Schedule> {
+        use moek_kernels::ir::{Blocks, Phase, Selection};
+        let s = &k.schedule;
+        if !s.stream.is_empty() {
+            return None;
+        }
+        let line = |k: &str, v: String| (k.to_string(), v);
+        let blocks = |b: &Blocks| match b.sizes.as_slice() {
+            [first, ..] if b.sizes.iter().all(|x| x == first) && b.sizes.len() > 1 => {
+                format!("{} = {first} x {}", b.dim, b.sizes.len())
+            }
+            sizes => format!(
+                "{} = [{}]",
+                b.dim,
+                sizes
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        let mut lines = vec![line(
+            "select",
+            match s.select {
+                Selection::Gather => "gather E by R".into(),
+                Selection::Grouped => "grouped E by R".into(),
+                Selection::Dense => "dense E".into(),
+                Selection::None => return None,
+            },
+        )];
+        lines.extend(s.reduce.iter().map(|b| line("reduce", blocks(b))));
+        lines.extend(s.columns.iter().map(|b| line("columns", blocks(b))));
+        for c in &s.cores {
+            let key = match c.phase {
+                Phase::All => "cores".to_string(),
+                Phase::GateUp => "cores(gate_up)".to_string(),
+                Phase::Down => "cores(down)".to_string(),
+            };
+            let dims: Vec<String> = c.splits.iter().map(|x| x.dim.to_string()).collect();
+            let parts: Vec<String> = c.splits.iter().map(|x| x.parts.to_string()).collect();
+            lines.push((key, format!("{} = {}", dims.join(" x "), parts.join(" x "))));
+        }
+        if let Some(g) = &s.groups {
+            lines.push(line("groups", format!("{} = {}", g.dim, g.parts)));
+        }
+        if let Some(d) = s.persistent {
+            lines.push(line("loop", format!("{d} persistent")));
+        }
+        if !k.requires.is_empty() {
+            let r: Vec<String> = k.requires.iter().map(ToString::to_string).collect();
+            lines.push(line("requires", r.join(", ")));
+        }
+        Some(Schedule { lines })
+    }
+}
+
 /// An activation as a spec writes it.
 pub fn activation_text(a: Activation) -> String {
     match a {
@@ -236,10 +296,10 @@ pub fn candidates(p: &Problem) -> Vec<Schedule> {
                     out.push(Schedule {
                         lines: vec![
                             line("select", "dense E".into()),
-                            line("loop", "E persistent".into()),
-                            line("groups", format!("T = {g}")),
                             line("cores(gate_up)", gu.clone()),
                             line("cores(down)", dn.clone()),
+                            line("groups", format!("T = {g}")),
+                            line("loop", "E persistent".into()),
                             line("requires", "lx_completed_sum".into()),
                         ],
                     });
@@ -263,31 +323,16 @@ pub fn check(p: &Problem, candidates: Vec<Schedule>) -> Checked {
     let mut checked = Checked::default();
     for (i, s) in candidates.into_iter().enumerate() {
         let text = s.spec(&format!("candidate_{i}"), p, "");
-        match compile(&text) {
+        match crate::commands::spec_text::compile(&text) {
             Ok(k) => checked.legal.push((s, k)),
-            Err(why) => *checked.pruned.entry(reason(&why)).or_default() += 1,
+            Err(why) => *checked.pruned.entry(reason(&why.messages[0])).or_default() += 1,
         }
     }
     checked
 }
 
-/// Parses and checks one spec's text as `kernel!` does: its IR, or the checker's messages.
-pub fn compile(text: &str) -> Result<Kernel, String> {
-    use std::str::FromStr;
-    let tokens = proc_macro2::TokenStream::from_str(text).map_err(|e| e.to_string())?;
-    let specs = moek_dsl::parse::parse_specs(tokens).map_err(|e| e.to_string())?;
-    let [spec] = specs.as_slice() else {
-        return Err(format!("expected one spec, found {}", specs.len()));
-    };
-    moek_dsl::check::check(spec).map_err(|e| {
-        e.into_iter()
-            .map(|m| m.to_string())
-            .collect::<Vec<_>>()
-            .join("; ")
-    })
-}
-
-/// A checker message as a reason class: the first message, its numbers written `N`.
+/// A checker message as a reason class: its numbers written `N`, without the valid choices
+/// some messages list after `; `.
 fn reason(message: &str) -> String {
     let first = message.split("; ").next().unwrap_or(message);
     let mut out = String::new();
@@ -309,6 +354,43 @@ fn reason(message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every built-in expert FFN's schedule, stated by `Schedule::of` and checked again, is the
+    /// schedule it had: the incumbent enters the search as itself.
+    #[test]
+    fn builtin_schedules_are_stated_as_they_are() {
+        let builtin = moek_kernels::Registry::builtin();
+        let mut stated = 0;
+        for entry in builtin.entries() {
+            let k = entry.ir();
+            if k.op != moek_kernels::ir::Op::ExpertFfn || k.bias.gate_up || k.bias.down {
+                continue;
+            }
+            let Some(schedule) = Schedule::of(k) else {
+                continue;
+            };
+            let s = moek_kernels::geometry::real_shape(k);
+            let p = Problem {
+                dims: Dims {
+                    t: s.t,
+                    r: s.r,
+                    e: s.e,
+                    h: s.h,
+                    f: s.f,
+                },
+                dtype: k.dtypes[0],
+                activation: k.activation,
+                target: k.targets[0],
+            };
+            let text = schedule.spec("again", &p, "");
+            let again = crate::commands::spec_text::compile(&text)
+                .unwrap_or_else(|e| panic!("{}: {e}\n{text}", k.name));
+            assert_eq!(again.schedule, k.schedule, "{}\n{text}", k.name);
+            assert_eq!(again.requires, k.requires, "{}", k.name);
+            stated += 1;
+        }
+        assert!(stated >= 10, "{stated}");
+    }
 
     #[test]
     fn reasons_class_messages_by_their_words() {

@@ -59,7 +59,7 @@ pub fn search(
                 kernel: k,
                 figure: m.seconds * 1e3,
                 unit: "ms",
-                floor_ratio: floor / m.seconds,
+                floor_ratio: Some(floor / m.seconds),
                 vs_builtin: inc.seconds / m.seconds,
                 calls: 0,
                 simulated: None,

@@ -1,8 +1,8 @@
-//! Picking on the CPU by measurement: each legal schedule runs as data through the CPU skeletons
-//! (`KernelEntry::scheduled`, no rebuild), paired call by call with the built-in schedule on the
-//! same routes, so drift and noise fall on both; a candidate's score is the median of its
-//! paired time ratios. Successive halving spends the budget: every candidate once, the best
-//! quarter three times, the best few nine times.
+//! Picking by measurement (cpu, wgpu): each legal schedule runs as data (`KernelEntry::scheduled`:
+//! the CPU skeletons follow its tables, wgpu emits its WGSL at run time; no rebuild), paired call
+//! by call with the built-in schedule on the same routes, so drift and noise fall on both; a
+//! candidate's score is the median of its paired time ratios. Successive halving spends the
+//! budget: every candidate once, the best quarter three times, the best few nine times.
 
 use super::space::{Dims, Problem, Schedule};
 use super::{Ranked, Search};
@@ -29,26 +29,28 @@ fn work(k: &Kernel, d: Dims, elem: f64) -> (f64, f64) {
     (banks * bank * elem, 2.0 * products * bank)
 }
 
-/// Ranks `legal` against `incumbent` within `budget` seconds.
+/// Ranks `legal` against `incumbent` on `backend` within `budget` seconds.
 pub fn search(
     p: &Problem,
+    backend: &Backend,
     incumbent: &KernelEntry,
     legal: Vec<(Schedule, Kernel)>,
     budget: f64,
     search: &mut Search,
 ) -> Result<Vec<Ranked>, String> {
     match p.dtype {
-        DType::Bf16 => run::<half::bf16>(p, incumbent, legal, budget, search),
-        DType::F16 => run::<half::f16>(p, incumbent, legal, budget, search),
-        DType::F32 => run::<f32>(p, incumbent, legal, budget, search),
+        DType::Bf16 => run::<half::bf16>(p, backend, incumbent, legal, budget, search),
+        DType::F16 => run::<half::f16>(p, backend, incumbent, legal, budget, search),
+        DType::F32 => run::<f32>(p, backend, incumbent, legal, budget, search),
         d => Err(format!(
-            "tuning {d} weights on the CPU is not searched yet: tune the plain dtype (bf16, f16, f32)"
+            "tuning {d} weights is not searched yet: tune the plain dtype (bf16, f16, f32)"
         )),
     }
 }
 
 fn run<W: Elem>(
     p: &Problem,
+    backend: &Backend,
     incumbent: &KernelEntry,
     legal: Vec<(Schedule, Kernel)>,
     budget: f64,
@@ -58,7 +60,7 @@ fn run<W: Elem>(
     let d = p.dims;
     let shape = d.shape();
     let elem = std::mem::size_of::<W>() as f64;
-    let backend = Backend::cpu();
+    let on_cpu = backend.target == moek_kernels::ir::Target::Cpu;
     let mut case = Case::<W>::new(moek_kernels::ir::Op::ExpertFfn, shape, 1);
     let mut out = vec![0f32; d.t * d.h];
     let mut call = |entry: &KernelEntry, seed: u64, out: &mut [f32]| -> Result<f64, String> {
@@ -66,16 +68,14 @@ fn run<W: Elem>(
         let inputs = case.inputs();
         let any = moek_kernels::inputs::AnyInputs::new(&inputs, W::DTYPE);
         let t = Instant::now();
-        moek_kernels::backend::run(&backend, entry, &shape, &any, out)?;
+        moek_kernels::backend::run(backend, entry, &shape, &any, out)?;
         Ok(t.elapsed().as_secs_f64())
     };
     // Warm the incumbent (pages, pools) and learn its time.
-    let warm: Vec<f64> = (0..3)
-        .map(|i| call(incumbent, 10 + i, &mut out))
-        .collect::<Result<_, _>>()?;
-    let incumbent_s = median(warm.into_iter());
+    for i in 0..3 {
+        call(incumbent, 10 + i, &mut out)?;
+    }
     let (inc_bytes, inc_flops) = work(incumbent.ir(), d, elem);
-    let _ = incumbent_s;
     // Work the estimate says is far beyond the incumbent's is not timed (a dense schedule
     // multiplies every expert; gathered routes at a long prompt re-read a bank per route).
     let mut entries: Vec<(Schedule, KernelEntry)> = Vec::new();
@@ -106,27 +106,25 @@ fn run<W: Elem>(
             };
             dropped.push(scores.split_off(n.min(scores.len())));
         }
-        // What this round costs, and what the budget leaves for it.
-        let left = budget - start.elapsed().as_secs_f64();
-        let per = 2.0 * incumbent_s * calls as f64;
-        let fits = ((left / (rounds.len() - round) as f64 / per).floor() as usize).max(1);
-        if scores.len() > fits && round == 0 {
-            // An even sample of the space is timed; the rest is counted, not ranked.
-            let stride = scores.len() as f64 / fits as f64;
-            let kept: Vec<_> = (0..fits)
-                .map(|i| scores[(i as f64 * stride) as usize].clone())
-                .collect();
-            *search
-                .skipped
-                .entry("over the time budget (not timed)".into())
-                .or_default() += scores.len() - kept.len();
-            scores = kept;
-        } else if scores.len() > fits {
-            // Later rounds keep their best (sorted above), the rest rank on fewer calls.
-            dropped.push(scores.split_off(fits));
+        // What the budget leaves this round: an equal share of what is left for each round
+        // to come. The first round times the space in an evenly spread order, so where time
+        // runs out the timed ones are a sample of it.
+        let round_start = start.elapsed().as_secs_f64();
+        let deadline = round_start + (budget - round_start) / (rounds.len() - round) as f64;
+        if round == 0 {
+            let n = scores.len().max(1);
+            scores.sort_by_key(|s| (s.0 * 7919) % n);
         }
         let total = scores.len();
+        let mut timed = 0;
         for (n, (i, ratios, times)) in scores.iter_mut().enumerate() {
+            if start.elapsed().as_secs_f64() > deadline && (round > 0 || timed > 0) {
+                break;
+            }
+            if round == 0 && !on_cpu {
+                // A device compiles a program on its first call: not part of its time.
+                call(&entries[*i].1, seed, &mut out)?;
+            }
             for _ in 0..calls {
                 seed += 1;
                 let inc = call(incumbent, seed, &mut out)?;
@@ -135,17 +133,34 @@ fn run<W: Elem>(
                 times.push(t);
                 search.incumbent_times.push(inc);
             }
+            timed += 1;
             search.progress(&format!("round {}: {}/{total}", round + 1, n + 1));
+        }
+        if timed < scores.len() {
+            let rest = scores.split_off(timed);
+            if round == 0 {
+                *search
+                    .skipped
+                    .entry("over the time budget (not timed)".into())
+                    .or_default() += rest.len();
+            } else {
+                // Timed in an earlier round: they rank on fewer calls.
+                dropped.push(rest);
+            }
         }
     }
     scores.sort_by(|a, b| median_of(&a.1).total_cmp(&median_of(&b.1)));
     scores.extend(dropped.into_iter().rev().flatten());
     let decode = d.t <= 8;
-    let floor = if decode {
-        let probe = moek_cpu::bandwidth::Probe::new(SAMPLE_PROBE_BYTES);
-        median((0..5).map(|_| probe.best_of(2)))
-    } else {
-        moek_cpu::isa().peak_gflops(rayon::current_num_threads()) * 1e9
+    // The CPU's floors: the read bandwidth probed now (decode) or the ISA's FMA peak; a GPU's
+    // are not known here.
+    let floor = match (on_cpu, decode) {
+        (true, true) => {
+            let probe = moek_cpu::bandwidth::Probe::new(SAMPLE_PROBE_BYTES);
+            Some(median((0..5).map(|_| probe.best_of(2))))
+        }
+        (true, false) => Some(moek_cpu::isa().peak_gflops(rayon::current_num_threads()) * 1e9),
+        (false, _) => None,
     };
     let figure = |seconds: f64, k: &Kernel| {
         let (b, f) = work(k, d, elem);
@@ -153,7 +168,7 @@ fn run<W: Elem>(
     };
     let inc_median = median(search.incumbent_times.iter().copied());
     search.incumbent_figure = Some(figure(inc_median, incumbent.ir()) / 1e9);
-    search.floor = Some(floor / 1e9);
+    search.floor = floor.map(|f| f / 1e9);
     Ok(scores
         .into_iter()
         .map(|(i, ratios, times)| {
@@ -165,7 +180,7 @@ fn run<W: Elem>(
                 kernel: entry.ir().clone(),
                 figure: fig / 1e9,
                 unit: if decode { "GB/s" } else { "GFLOP/s" },
-                floor_ratio: fig / floor,
+                floor_ratio: floor.map(|f| fig / f),
                 vs_builtin: 1.0 / median_of(&ratios),
                 calls: times.len(),
                 simulated: None,
