@@ -88,9 +88,13 @@ pub struct FamilyRow {
     pub quantized: fn(&str) -> bool,
     /// The expert FFN its MoE layers dispatch, if any: E, R, H and F (T is free) and the
     /// experts' activation (what `moek tune --model` searches).
-    pub moe: fn(&Value) -> Result<Option<(Shape, Activation)>, LoadError>,
+    pub moe: MoeFn,
     pub load: LoadFn,
 }
+
+/// Reads from config.json the expert FFN a family's MoE layers dispatch (sizes with T set to 1,
+/// the experts' activation), or `None` when it has no MoE layer.
+pub type MoeFn = fn(&Value) -> Result<Option<(Shape, Activation)>, LoadError>;
 
 /// An expert FFN's sizes with T free (set to 1).
 fn moe_shape(experts: usize, top_k: usize, hidden: usize, intermediate: usize) -> Shape {
