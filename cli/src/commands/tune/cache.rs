@@ -1,5 +1,5 @@
 //! The cache of winners: one JSON file, entries keyed by everything that makes a winner valid:
-//! the op, its sizes, dtype and activation, the target, the device (the CPU's ISA level and
+//! the op, its sizes, dtype, activation and biases, the target, the device (the CPU's ISA level and
 //! threads), moek's version, and a hash of the candidate space, so another shape, another
 //! machine or one new candidate never reuses a stale pick. A corrupt file is a clear error
 //! naming it; an entry of another key is a miss.
@@ -17,6 +17,7 @@ pub struct Key {
     pub dims: String,
     pub dtype: String,
     pub activation: String,
+    pub bias: String,
     pub target: String,
     pub device: String,
     pub version: String,
@@ -55,6 +56,7 @@ impl Key {
             dims: p.dims.text(),
             dtype: p.dtype.to_string(),
             activation: super::space::activation_text(p.activation),
+            bias: super::space::bias_text(p.bias).unwrap_or_else(|| "none".into()),
             target: p.target.to_string(),
             device,
             version: env!("CARGO_PKG_VERSION").into(),

@@ -62,6 +62,7 @@ fn run<W: Elem>(
     let elem = std::mem::size_of::<W>() as f64;
     let on_cpu = backend.target == moek_kernels::ir::Target::Cpu;
     let mut case = Case::<W>::new(moek_kernels::ir::Op::ExpertFfn, shape, 1);
+    case.bias = p.bias;
     let mut out = vec![0f32; d.t * d.h];
     let mut call = |entry: &KernelEntry, seed: u64, out: &mut [f32]| -> Result<f64, String> {
         (case.idx, case.weights) = routes(d.t, d.r, d.e, seed);

@@ -44,6 +44,9 @@ pub struct TuneArgs {
     /// The experts' activation (gelu_tanh, silu, swiglu_clamped).
     #[arg(long)]
     pub activation: Option<String>,
+    /// The experts' biases: `gate_up`, `down` or both (gpt-oss has both).
+    #[arg(long, value_delimiter = ',')]
+    pub bias: Vec<String>,
     #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
     pub target: BackendArg,
     /// CPU: seconds the measurements may take.
@@ -119,6 +122,8 @@ pub struct Outcome {
     pub dims: Dims,
     pub dtype: String,
     pub activation: String,
+    /// The experts' biases (`none`, or as a spec names them).
+    pub bias: String,
     pub target: String,
     pub builtin: String,
     pub builtin_figure: Option<f64>,
@@ -164,6 +169,7 @@ pub fn run(registry: &Registry, args: &TuneArgs) -> Result<ExitCode, CommandErro
     }
     let task = Task {
         activation: p.activation,
+        bias: p.bias,
         ..Task::from(Op::ExpertFfn)
     };
     let shape = p.dims.shape();
@@ -261,6 +267,7 @@ pub fn run(registry: &Registry, args: &TuneArgs) -> Result<ExitCode, CommandErro
         dims: p.dims,
         dtype: p.dtype.to_string(),
         activation: space::activation_text(p.activation),
+        bias: space::bias_text(p.bias).unwrap_or_else(|| "none".into()),
         target: target.to_string(),
         builtin: incumbent.name().to_string(),
         builtin_figure: search.incumbent_figure,
@@ -385,8 +392,9 @@ fn problem(registry: &Registry, args: &TuneArgs) -> Result<Problem, CommandError
         )));
     }
     let target = args.target.target();
-    let (dims, spec_dtype, spec_activation) = match (&args.dims, &args.spec, &args.model) {
-        (Some(d), None, None) => (Dims::parse(d).map_err(usage)?, None, None),
+    let (dims, spec_dtype, spec_activation, spec_bias) = match (&args.dims, &args.spec, &args.model)
+    {
+        (Some(d), None, None) => (Dims::parse(d).map_err(usage)?, None, None, None),
         (None, None, Some(dir)) => {
             let (s, activation, dtype) = moek_model::open::expert_ffn(dir)?
                 .ok_or_else(|| usage(format!("`{}` has no MoE layer to tune", dir.display())))?;
@@ -397,7 +405,7 @@ fn problem(registry: &Registry, args: &TuneArgs) -> Result<Problem, CommandError
                 h: s.h,
                 f: s.f,
             };
-            (dims, Some(dtype), Some(activation))
+            (dims, Some(dtype), Some(activation), None)
         }
         (None, Some(name), None) => {
             let entry = super::spec(registry, name)?;
@@ -419,6 +427,7 @@ fn problem(registry: &Registry, args: &TuneArgs) -> Result<Problem, CommandError
                 },
                 k.dtypes.first().copied(),
                 Some(k.activation),
+                Some(k.bias),
             )
         }
         _ => {
@@ -440,10 +449,19 @@ fn problem(registry: &Registry, args: &TuneArgs) -> Result<Problem, CommandError
         Some(a) => activation(a).map_err(usage)?,
         None => spec_activation.unwrap_or_default(),
     };
+    let mut bias = spec_bias.unwrap_or_default();
+    for b in &args.bias {
+        match b.as_str() {
+            "gate_up" => bias.gate_up = true,
+            "down" => bias.down = true,
+            b => return Err(usage(format!("unknown bias `{b}`; valid: gate_up, down"))),
+        }
+    }
     Ok(Problem {
         dims,
         dtype,
         activation,
+        bias,
         target,
     })
 }

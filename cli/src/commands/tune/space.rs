@@ -2,7 +2,7 @@
 //! DSL's own checker accepts them: the space is what the grammar can say, legality is the
 //! compiler's, and an illegal candidate is counted by the checker's first reason, never run.
 
-use moek_kernels::ir::{Activation, DType, Kernel, Target};
+use moek_kernels::ir::{Activation, Bias, DType, Kernel, Target};
 use std::collections::BTreeMap;
 
 /// The sizes of an expert FFN (`T` tokens, `R` routes a token, `E` experts, hidden `H`,
@@ -77,13 +77,23 @@ impl Dims {
     }
 }
 
-/// What is searched: the op's sizes, its element type and activation, and the target.
+/// What is searched: the op's sizes, its element type, activation and biases, and the target.
 #[derive(Clone, Debug)]
 pub struct Problem {
     pub dims: Dims,
     pub dtype: DType,
     pub activation: Activation,
+    pub bias: Bias,
     pub target: Target,
+}
+
+/// The biases as a spec writes them (`gate_up, down`), or `None` for none.
+pub fn bias_text(b: Bias) -> Option<String> {
+    let named: Vec<&str> = [(b.gate_up, "gate_up"), (b.down, "down")]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+    (!named.is_empty()).then(|| named.join(", "))
 }
 
 /// One point of the space: the schedule's entries, in the order docs/dsl.md documents them.
@@ -118,6 +128,9 @@ impl Schedule {
         ];
         if p.activation != Activation::default() {
             lines.push(("activation".to_string(), activation_text(p.activation)));
+        }
+        if let Some(b) = bias_text(p.bias) {
+            lines.push(("bias".to_string(), b));
         }
         lines.extend(self.lines.iter().cloned());
         let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
@@ -363,7 +376,7 @@ mod tests {
         let mut stated = 0;
         for entry in builtin.entries() {
             let k = entry.ir();
-            if k.op != moek_kernels::ir::Op::ExpertFfn || k.bias.gate_up || k.bias.down {
+            if k.op != moek_kernels::ir::Op::ExpertFfn {
                 continue;
             }
             let Some(schedule) = Schedule::of(k) else {
@@ -380,6 +393,7 @@ mod tests {
                 },
                 dtype: k.dtypes[0],
                 activation: k.activation,
+                bias: k.bias,
                 target: k.targets[0],
             };
             let text = schedule.spec("again", &p, "");
