@@ -12,8 +12,23 @@ use moek_kernels::testing::{Case, routes};
 use moek_kernels::{Backend, Elem, KernelEntry};
 use std::time::Instant;
 
-/// A timed candidate: its index, its paired time ratios to the built-in, its times.
-type Score = (usize, Vec<f64>, Vec<f64>);
+/// A timed candidate: its index in the legal list, its times, their ratios to the built-in's
+/// paired calls, and (decode on the CPU, final round) each call's bytes per second over the
+/// bandwidth probed just before it.
+#[derive(Clone, Debug, Default)]
+struct Score {
+    i: usize,
+    times: Vec<f64>,
+    ratios: Vec<f64>,
+    shares: Vec<f64>,
+}
+
+impl Score {
+    /// The median paired ratio: what ranks it.
+    fn rank(&self) -> f64 {
+        median(self.ratios.iter().copied())
+    }
+}
 
 /// Weight bytes one call reads and its multiply-add flops, by the schedule's selection: gathered
 /// routes read a bank per route, grouped tokens each selected bank once, dense every bank
@@ -91,15 +106,25 @@ fn run<W: Elem>(
         }
         entries.push((s, KernelEntry::scheduled(k)));
     }
+    let decode = d.t <= 8;
+    let probe = (on_cpu && decode).then(|| moek_cpu::bandwidth::Probe::new(SAMPLE_PROBE_BYTES));
+    let mut bandwidth = Vec::new();
+    // The built-in's times in the final round: its figure is taken at the finalists' moments.
+    let mut final_incumbent = Vec::new();
     // Rounds of successive halving: (calls per candidate, survivors kept after).
-    let mut scores: Vec<Score> = (0..entries.len()).map(|i| (i, vec![], vec![])).collect();
+    let mut scores: Vec<Score> = (0..entries.len())
+        .map(|i| Score {
+            i,
+            ..Score::default()
+        })
+        .collect();
     let rounds = [(1usize, 0.25f64), (3, 0.0), (9, 0.0)];
     let mut seed = 1000u64;
     // Candidates a round dropped, best first (they rank after the finalists).
     let mut dropped: Vec<Vec<Score>> = Vec::new();
     for (round, &(calls, keep)) in rounds.iter().enumerate() {
         if round > 0 {
-            scores.sort_by(|a, b| median_of(&a.1).total_cmp(&median_of(&b.1)));
+            scores.sort_by(|a, b| a.rank().total_cmp(&b.rank()));
             let n = if round == 1 {
                 ((scores.len() as f64 * keep).ceil() as usize).max(8)
             } else {
@@ -114,25 +139,41 @@ fn run<W: Elem>(
         let deadline = round_start + (budget - round_start) / (rounds.len() - round) as f64;
         if round == 0 {
             let n = scores.len().max(1);
-            scores.sort_by_key(|s| (s.0 * 7919) % n);
+            scores.sort_by_key(|s| (s.i * 7919) % n);
         }
         let total = scores.len();
         let mut timed = 0;
-        for (n, (i, ratios, times)) in scores.iter_mut().enumerate() {
-            if start.elapsed().as_secs_f64() > deadline && (round > 0 || timed > 0) {
+        for (n, score) in scores.iter_mut().enumerate() {
+            let i = score.i;
+            // Every round times at least one candidate, so the finalists' figures exist.
+            if timed > 0 && start.elapsed().as_secs_f64() > deadline {
                 break;
             }
             if round == 0 && !on_cpu {
                 // A device compiles a program on its first call: not part of its time.
-                call(&entries[*i].1, seed, &mut out)?;
+                call(&entries[i].1, seed, &mut out)?;
             }
             for _ in 0..calls {
                 seed += 1;
+                // The final round's calls are each judged against the bandwidth probed just
+                // before them: this machine's memory changes speed from minute to minute.
+                let bw = probe
+                    .as_ref()
+                    .filter(|_| round + 1 == rounds.len())
+                    .map(|p| p.best_of(2));
                 let inc = call(incumbent, seed, &mut out)?;
-                let t = call(&entries[*i].1, seed, &mut out)?;
-                ratios.push(t / inc);
-                times.push(t);
-                search.incumbent_times.push(inc);
+                let t = call(&entries[i].1, seed, &mut out)?;
+                score.ratios.push(t / inc);
+                score.times.push(t);
+                if round + 1 == rounds.len() {
+                    final_incumbent.push(inc);
+                }
+                if let Some(bw) = bw {
+                    bandwidth.push(bw);
+                    score
+                        .shares
+                        .push(work(entries[i].1.ir(), d, elem).0 / t / bw);
+                }
             }
             timed += 1;
             search.progress(&format!("round {}: {}/{total}", round + 1, n + 1));
@@ -150,46 +191,48 @@ fn run<W: Elem>(
             }
         }
     }
-    scores.sort_by(|a, b| median_of(&a.1).total_cmp(&median_of(&b.1)));
+    scores.sort_by(|a, b| a.rank().total_cmp(&b.rank()));
     scores.extend(dropped.into_iter().rev().flatten());
-    let decode = d.t <= 8;
-    // The CPU's floors: the read bandwidth probed now (decode) or the ISA's FMA peak; a GPU's
-    // are not known here.
-    let floor = match (on_cpu, decode) {
-        (true, true) => {
-            let probe = moek_cpu::bandwidth::Probe::new(SAMPLE_PROBE_BYTES);
-            Some(median((0..5).map(|_| probe.best_of(2))))
-        }
-        (true, false) => Some(moek_cpu::isa().peak_gflops(rayon::current_num_threads()) * 1e9),
-        (false, _) => None,
+    // The CPU's floors: the read bandwidth probed beside the final round's calls (decode) or the
+    // ISA's FMA peak; a GPU's are not known here.
+    let floor = match (probe, on_cpu) {
+        (Some(probe), _) => Some(if bandwidth.is_empty() {
+            probe.best_of(2)
+        } else {
+            median(bandwidth.into_iter())
+        }),
+        (None, true) => Some(moek_cpu::isa().peak_gflops(rayon::current_num_threads()) * 1e9),
+        (None, false) => None,
     };
     let figure = |seconds: f64, k: &Kernel| {
         let (b, f) = work(k, d, elem);
         if decode { b / seconds } else { f / seconds }
     };
-    let inc_median = median(search.incumbent_times.iter().copied());
+    let inc_median = median(final_incumbent.into_iter());
     search.incumbent_figure = Some(figure(inc_median, incumbent.ir()) / 1e9);
     search.floor = floor.map(|f| f / 1e9);
     Ok(scores
         .into_iter()
-        .map(|(i, ratios, times)| {
-            let (schedule, entry) = &entries[i];
-            let seconds = median(times.iter().copied());
+        .map(|score| {
+            let (schedule, entry) = &entries[score.i];
+            let seconds = median(score.times.iter().copied());
             let fig = figure(seconds, entry.ir());
+            // A finalist's share of the floor is the median of its calls' own shares.
+            let floor_ratio = if score.shares.is_empty() {
+                floor.map(|f| fig / f)
+            } else {
+                Some(median(score.shares.iter().copied()))
+            };
             Ranked {
                 schedule: schedule.clone(),
                 kernel: entry.ir().clone(),
                 figure: fig / 1e9,
                 unit: if decode { "GB/s" } else { "GFLOP/s" },
-                floor_ratio: floor.map(|f| fig / f),
-                vs_builtin: 1.0 / median_of(&ratios),
-                calls: times.len(),
+                floor_ratio,
+                vs_builtin: 1.0 / score.rank(),
+                calls: score.times.len(),
                 simulated: None,
             }
         })
         .collect())
-}
-
-fn median_of(v: &[f64]) -> f64 {
-    median(v.iter().copied())
 }

@@ -100,7 +100,6 @@ pub struct Simulated {
 #[derive(Debug, Default)]
 pub struct Search {
     pub skipped: BTreeMap<String, usize>,
-    pub incumbent_times: Vec<f64>,
     pub incumbent_figure: Option<f64>,
     pub floor: Option<f64>,
     bar: Option<indicatif::ProgressBar>,
