@@ -294,3 +294,33 @@ fn wgpu_is_searched_by_measurement() {
     assert!(best["figure"].as_f64().unwrap() > 0.0);
     assert!(best["floor_ratio"].is_null() && v["floor"].is_null(), "{v}");
 }
+
+/// At sizes no built-in Spyre spec is fixed at (a user's new geometry), the search still ranks
+/// and simulates: there is simply no built-in to compare with.
+#[test]
+fn spyre_searches_a_geometry_no_builtin_serves() {
+    let v = json(&[
+        "tune",
+        "--dims",
+        "T=1,R=4,E=16,H=512,F=256",
+        "--target",
+        "spyre",
+        "--dtype",
+        "bf16",
+        "--simulate",
+        "1",
+        "--no-cache",
+        "--format",
+        "json",
+    ]);
+    assert!(v["builtin"].is_null(), "{v}");
+    let best = &v["ranked"][0];
+    assert!(best["vs_builtin"].is_null(), "{best}");
+    assert_eq!(best["simulated"]["passed"], true, "{best}");
+    assert!(
+        v["spec"]
+            .as_str()
+            .unwrap()
+            .contains("no built-in spec serves")
+    );
+}

@@ -229,7 +229,7 @@ fn run<W: Elem>(
                 figure: fig / 1e9,
                 unit: if decode { "GB/s" } else { "GFLOP/s" },
                 floor_ratio,
-                vs_builtin: 1.0 / score.rank(),
+                vs_builtin: Some(1.0 / score.rank()),
                 calls: score.times.len(),
                 simulated: None,
             }

@@ -80,8 +80,8 @@ pub struct Ranked {
     pub unit: &'static str,
     /// The figure over the floor (none where the floor is not known: a GPU's).
     pub floor_ratio: Option<f64>,
-    /// The built-in's time over this one's (above 1: faster than the built-in).
-    pub vs_builtin: f64,
+    /// The built-in's time over this one's (above 1: faster than the built-in; none without one).
+    pub vs_builtin: Option<f64>,
     /// Timed calls (cpu).
     pub calls: usize,
     pub simulated: Option<Simulated>,
@@ -124,7 +124,8 @@ pub struct Outcome {
     /// The experts' biases (`none`, or as a spec names them).
     pub bias: String,
     pub target: String,
-    pub builtin: String,
+    /// The built-in spec dispatch picks at these sizes (none on Spyre at a new geometry).
+    pub builtin: Option<String>,
     pub builtin_figure: Option<f64>,
     pub floor: Option<f64>,
     pub candidates: usize,
@@ -144,7 +145,7 @@ pub struct RankedRow {
     pub figure: f64,
     pub unit: String,
     pub floor_ratio: Option<f64>,
-    pub vs_builtin: f64,
+    pub vs_builtin: Option<f64>,
     /// Timed calls behind the figure (cpu; 0 for the cost model).
     pub calls: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -172,11 +173,16 @@ pub fn run(registry: &Registry, args: &TuneArgs) -> Result<ExitCode, CommandErro
         ..Task::from(Op::ExpertFfn)
     };
     let shape = p.dims.shape();
-    let incumbent = choose(registry, &backend, task, p.dtype, &shape, None)?;
-    let incumbent = super::spec(registry, &incumbent.kernel)?;
+    // The built-in dispatch picks at these sizes. The measured targets pair every call with it;
+    // Spyre, whose built-ins are fixed at their geometries, may have none at a new one.
+    let incumbent = match choose(registry, &backend, task, p.dtype, &shape, None) {
+        Ok(choice) => Some(super::spec(registry, &choice.kernel)?),
+        Err(_) if target == Target::Spyre => None,
+        Err(e) => return Err(e.into()),
+    };
     let mut all = space::candidates(&p);
     // The built-in's own schedule is a candidate: a search never ends slower than it.
-    if let Some(own) = Schedule::of(incumbent.ir())
+    if let Some(own) = incumbent.as_ref().and_then(|e| Schedule::of(e.ir()))
         && !all.contains(&own)
     {
         all.push(own);
@@ -215,15 +221,23 @@ pub fn run(registry: &Registry, args: &TuneArgs) -> Result<ExitCode, CommandErro
         Target::Cpu | Target::Wgpu => measure::search(
             &p,
             &backend,
-            &incumbent,
+            incumbent
+                .as_ref()
+                .expect("cpu and wgpu have a general built-in"),
             checked.legal,
             args.budget,
             &mut search,
         )
         .map_err(usage)?,
         #[cfg(feature = "spyre")]
-        Target::Spyre => spyre::search(&p, &incumbent, checked.legal, args.simulate, &mut search)
-            .map_err(usage)?,
+        Target::Spyre => spyre::search(
+            &p,
+            incumbent.as_ref(),
+            checked.legal,
+            args.simulate,
+            &mut search,
+        )
+        .map_err(usage)?,
         #[cfg(not(feature = "spyre"))]
         Target::Spyre => return Err(usage("the spyre backend is not part of this build".into())),
     };
@@ -241,16 +255,16 @@ pub fn run(registry: &Registry, args: &TuneArgs) -> Result<ExitCode, CommandErro
         target,
         p.dims.text().to_lowercase().replace(['=', ','], "")
     );
+    let against = match (&incumbent, search.incumbent_figure) {
+        (Some(e), Some(f)) => format!("against the built-in `{}`'s {f:.3}", e.name()),
+        _ => "(no built-in spec serves these sizes)".into(),
+    };
     let doc = format!(
-        "Tuned by `moek tune` for {target} at {} ({}):\n{:.3} {} against the built-in `{}`'s {}.",
+        "Tuned by `moek tune` for {target} at {} ({}):\n{:.3} {} {against}.",
         p.dims.text(),
         p.dtype,
         winner.figure,
         winner.unit,
-        incumbent.name(),
-        search
-            .incumbent_figure
-            .map_or("(unmeasured)".into(), |f| format!("{f:.3}"))
     );
     let spec = winner.schedule.spec(&name, &p, &doc);
     // What is written compiles to what was ranked.
@@ -268,7 +282,7 @@ pub fn run(registry: &Registry, args: &TuneArgs) -> Result<ExitCode, CommandErro
         activation: space::activation_text(p.activation),
         bias: space::bias_text(p.bias).unwrap_or_else(|| "none".into()),
         target: target.to_string(),
-        builtin: incumbent.name().to_string(),
+        builtin: incumbent.as_ref().map(|e| e.name().to_string()),
         builtin_figure: search.incumbent_figure,
         floor: search.floor,
         candidates,
@@ -324,11 +338,14 @@ fn finish(args: &TuneArgs, p: &Problem, o: Outcome) -> Result<ExitCode, CommandE
                 println!("  skipped {n:>4}: {why}");
             }
             let unit = o.ranked.first().map_or("", |r| r.unit.as_str());
+            let figure = |f: Option<f64>| f.map_or("-".into(), |f| format!("{f:.3} {unit}"));
             println!(
-                "built-in `{}`: {} {unit}; floor {} {unit}",
-                o.builtin,
-                o.builtin_figure.map_or("-".into(), |f| format!("{f:.3}")),
-                o.floor.map_or("-".into(), |f| format!("{f:.3}")),
+                "built-in {}: {}; floor {}",
+                o.builtin
+                    .as_ref()
+                    .map_or("(none at these sizes)".into(), |b| format!("`{b}`")),
+                figure(o.builtin_figure),
+                figure(o.floor),
             );
             println!(
                 "{:>4} {:>10} {:>7} {:>8}  schedule",
@@ -348,12 +365,12 @@ fn finish(args: &TuneArgs, p: &Problem, o: Outcome) -> Result<ExitCode, CommandE
                     )
                 });
                 println!(
-                    "{:>4} {:>10.3} {:>7} {:>7.2}x  {}{sim}",
+                    "{:>4} {:>10.3} {:>7} {:>8}  {}{sim}",
                     i + 1,
                     r.figure,
                     r.floor_ratio
                         .map_or("-".into(), |f| format!("{:.0}%", f * 100.0)),
-                    r.vs_builtin,
+                    r.vs_builtin.map_or("-".into(), |v| format!("{v:.2}x")),
                     r.schedule
                 );
             }

@@ -256,26 +256,19 @@ pub fn candidates(p: &Problem) -> Vec<Schedule> {
         .collect();
     // Gathered routes (decode and short prompts): route owners alone, or route owners beside a
     // split of the phase's other cut dim (at most 32 cores in all).
-    let gate_up: Vec<String> = routes
-        .iter()
-        .map(|r| format!("R = {r}"))
-        .chain(
-            [2, 4, 8, 16]
-                .into_iter()
-                .filter(|k| d.r * k <= 32)
-                .map(|k| format!("R x F = {} x {k}", d.r)),
-        )
-        .collect();
-    let down: Vec<String> = routes
-        .iter()
-        .map(|r| format!("R = {r}"))
-        .chain(
-            [2, 4, 8, 16]
-                .into_iter()
-                .filter(|k| d.r * k <= 32)
-                .map(|k| format!("R x H = {} x {k}", d.r)),
-        )
-        .collect();
+    let splits = |other: &str| -> Vec<String> {
+        routes
+            .iter()
+            .map(|r| format!("R = {r}"))
+            .chain(
+                [2, 4, 8, 16]
+                    .into_iter()
+                    .filter(|k| d.r * k <= 32)
+                    .map(|k| format!("R x {other} = {} x {k}", d.r)),
+            )
+            .collect()
+    };
+    let (gate_up, down) = (splits("F"), splits("H"));
     if d.t <= 8 {
         for red in &reduce {
             for col in &columns {

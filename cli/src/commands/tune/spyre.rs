@@ -38,17 +38,21 @@ fn floor(p: &Problem) -> f64 {
     (bytes / DEVICE_BYTES_PER_S).max(macs / (MACS_PER_CORE * moek_kernels::ir::spyre::CORES as f64))
 }
 
-/// Ranks every legal candidate by modeled time; simulates the first `simulate` of them.
+/// Ranks every legal candidate by modeled time (against the built-in's, where one serves these
+/// sizes); simulates the first `simulate` of them.
 pub fn search(
     p: &Problem,
-    incumbent: &KernelEntry,
+    incumbent: Option<&KernelEntry>,
     legal: Vec<(Schedule, Kernel)>,
     simulate: usize,
     search: &mut Search,
 ) -> Result<Vec<Ranked>, String> {
-    let inc = modeled(incumbent.ir(), p.dtype)?;
+    let inc = incumbent
+        .map(|e| modeled(e.ir(), p.dtype))
+        .transpose()?
+        .map(|m| m.seconds);
     let floor = floor(p);
-    search.incumbent_figure = Some(inc.seconds * 1e3);
+    search.incumbent_figure = inc.map(|s| s * 1e3);
     search.floor = Some(floor * 1e3);
     let total = legal.len();
     let mut ranked = Vec::with_capacity(total);
@@ -60,7 +64,7 @@ pub fn search(
                 figure: m.seconds * 1e3,
                 unit: "ms",
                 floor_ratio: Some(floor / m.seconds),
-                vs_builtin: inc.seconds / m.seconds,
+                vs_builtin: inc.map(|s| s / m.seconds),
                 calls: 0,
                 simulated: None,
             }),
