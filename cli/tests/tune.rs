@@ -324,3 +324,35 @@ fn spyre_searches_a_geometry_no_builtin_serves() {
             .contains("no built-in spec serves")
     );
 }
+
+/// Quantized weights are searched too: candidates whose cuts split a block are pruned by the
+/// checker's reason, the rest timed on blocks quantized once.
+#[test]
+fn quantized_weights_are_searched_on_whole_blocks() {
+    let v = json(&[
+        "tune",
+        "--dims",
+        "T=1,R=2,E=4,H=256,F=96",
+        "--dtype",
+        "q8_0_bf16",
+        "--target",
+        "cpu",
+        "--budget",
+        "2",
+        "--no-cache",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(v["dtype"], "q8_0_bf16");
+    assert!(
+        v["pruned"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .any(|why| why.contains("whole blocks")),
+        "{v}"
+    );
+    let best = &v["ranked"][0];
+    assert!(best["calls"].as_u64().unwrap() >= 1, "{best}");
+    assert!(v["spec"].as_str().unwrap().contains("q8_0_bf16"));
+}

@@ -7,9 +7,10 @@
 use super::space::{Dims, Problem, Schedule};
 use super::{Ranked, Search};
 use crate::commands::figures::{SAMPLE_PROBE_BYTES, median};
-use moek_kernels::ir::{DType, Kernel, Selection};
+use moek_kernels::inputs::AnyInputs;
+use moek_kernels::ir::{DType, Kernel, Op, Selection};
 use moek_kernels::testing::{Case, routes};
-use moek_kernels::{Backend, Elem, KernelEntry};
+use moek_kernels::{Backend, Elem, Inputs, KernelEntry, QuantAct, QuantElem};
 use std::time::Instant;
 
 /// A timed candidate: its index in the legal list, its times, their ratios to the built-in's
@@ -53,17 +54,116 @@ pub fn search(
     budget: f64,
     search: &mut Search,
 ) -> Result<Vec<Ranked>, String> {
+    let (a, b, c, d, e, f) = (p, backend, incumbent, legal, budget, search);
     match p.dtype {
-        DType::Bf16 => run::<half::bf16>(p, backend, incumbent, legal, budget, search),
-        DType::F16 => run::<half::f16>(p, backend, incumbent, legal, budget, search),
-        DType::F32 => run::<f32>(p, backend, incumbent, legal, budget, search),
-        d => Err(format!(
-            "tuning {d} weights is not searched yet: tune the plain dtype (bf16, f16, f32)"
-        )),
+        DType::Bf16 => run::<Case<half::bf16>>(a, b, c, d, e, f),
+        DType::F16 => run::<Case<half::f16>>(a, b, c, d, e, f),
+        DType::F32 => run::<Case<f32>>(a, b, c, d, e, f),
+        q => moek_kernels::with_block!(
+            q,
+            moek_kernels::ir::quant::BLOCK,
+            |Q| match q.activation() {
+                DType::Bf16 => run::<Blocks<Q, half::bf16>>(a, b, c, d, e, f),
+                _ => run::<Blocks<Q, f32>>(a, b, c, d, e, f),
+            }
+        ),
     }
 }
 
-fn run<W: Elem>(
+/// What the timed calls read: weights drawn once, routes redrawn for each call.
+trait Bench {
+    /// Bytes one weight value is stored in (a block's bytes over its values, for blocks).
+    const VALUE_BYTES: f64;
+    fn draw(p: &Problem) -> Self;
+    fn reroute(&mut self, d: Dims, seed: u64);
+    fn run(
+        &self,
+        backend: &Backend,
+        entry: &KernelEntry,
+        s: &moek_kernels::Shape,
+        out: &mut [f32],
+    ) -> Result<(), String>;
+}
+
+impl<W: Elem> Bench for Case<W> {
+    const VALUE_BYTES: f64 = std::mem::size_of::<W>() as f64;
+
+    fn draw(p: &Problem) -> Self {
+        let mut case = Case::<W>::new(Op::ExpertFfn, p.dims.shape(), 1);
+        case.bias = p.bias;
+        case
+    }
+
+    fn reroute(&mut self, d: Dims, seed: u64) {
+        (self.idx, self.weights) = routes(d.t, d.r, d.e, seed);
+    }
+
+    fn run(
+        &self,
+        backend: &Backend,
+        entry: &KernelEntry,
+        s: &moek_kernels::Shape,
+        out: &mut [f32],
+    ) -> Result<(), String> {
+        let inputs = self.inputs();
+        let any = AnyInputs::new(&inputs, W::DTYPE);
+        moek_kernels::backend::run(backend, entry, s, &any, out).map(drop)
+    }
+}
+
+/// Weights quantized to blocks of `Q` (drawn as `A`, then quantized) beside activations in `A`.
+struct Blocks<Q, A> {
+    case: Case<A>,
+    gate_up: Vec<Q>,
+    down: Vec<Q>,
+}
+
+impl<Q: QuantElem, A: QuantAct> Bench for Blocks<Q, A> {
+    const VALUE_BYTES: f64 = std::mem::size_of::<Q>() as f64 / Q::VALUES as f64;
+
+    fn draw(p: &Problem) -> Self {
+        let mut case = Case::<A>::new(Op::ExpertFfn, p.dims.shape(), 1);
+        let blocks = |w: &[A]| {
+            let values: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+            moek_kernels::ir::quant::quantize::<Q>(&values)
+        };
+        let (gate_up, down) = (blocks(case.param("gate_up")), blocks(case.param("down")));
+        // Only the blocks are read: the drawn weights go.
+        case.params.iter_mut().for_each(|w| *w = Vec::new());
+        Blocks {
+            case,
+            gate_up,
+            down,
+        }
+    }
+
+    fn reroute(&mut self, d: Dims, seed: u64) {
+        self.case.reroute(d, seed);
+    }
+
+    fn run(
+        &self,
+        backend: &Backend,
+        entry: &KernelEntry,
+        s: &moek_kernels::Shape,
+        out: &mut [f32],
+    ) -> Result<(), String> {
+        let c = &self.case;
+        let inputs = Inputs::ExpertFfn {
+            x: &c.x,
+            idx: &c.idx,
+            weights: &c.weights,
+            gate_up: &self.gate_up,
+            down: &self.down,
+            bias: Default::default(),
+        };
+        let dtype = moek_kernels::elem::quantized_dtype::<Q, A>();
+        let any = AnyInputs::new(&inputs, dtype);
+        moek_kernels::backend::run(backend, entry, s, &any, out).map(drop)
+    }
+}
+
+fn run<C: Bench>(
     p: &Problem,
     backend: &Backend,
     incumbent: &KernelEntry,
@@ -74,17 +174,14 @@ fn run<W: Elem>(
     let start = Instant::now();
     let d = p.dims;
     let shape = d.shape();
-    let elem = std::mem::size_of::<W>() as f64;
+    let elem = C::VALUE_BYTES;
     let on_cpu = backend.target == moek_kernels::ir::Target::Cpu;
-    let mut case = Case::<W>::new(moek_kernels::ir::Op::ExpertFfn, shape, 1);
-    case.bias = p.bias;
+    let mut case = C::draw(p);
     let mut out = vec![0f32; d.t * d.h];
     let mut call = |entry: &KernelEntry, seed: u64, out: &mut [f32]| -> Result<f64, String> {
-        (case.idx, case.weights) = routes(d.t, d.r, d.e, seed);
-        let inputs = case.inputs();
-        let any = moek_kernels::inputs::AnyInputs::new(&inputs, W::DTYPE);
+        case.reroute(d, seed);
         let t = Instant::now();
-        moek_kernels::backend::run(backend, entry, &shape, &any, out)?;
+        case.run(backend, entry, &shape, out)?;
         Ok(t.elapsed().as_secs_f64())
     };
     // Warm the incumbent (pages, pools) and learn its time.
