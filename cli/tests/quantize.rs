@@ -125,7 +125,7 @@ fn bad_quantized_checkpoints_are_named_errors() {
     let ck = Checkpoint::open(&out.0).unwrap();
     let mut cfg = Config::load(&out.0).unwrap();
     let moe = cfg.moe.as_mut().unwrap();
-    moe.intermediate *= 2;
+    moe.moe_intermediate_size *= 2;
     let err = weights::load::<f32>(&ck, &cfg, Residence::Mapped, |_| {}).unwrap_err();
     assert!(matches!(err, LoadError::Shape { .. }), "{err}");
     assert!(err.to_string().contains("experts.gate_up_proj"), "{err}");

@@ -135,12 +135,17 @@ pub const FAMILIES: &[FamilyRow] = &[
         family: Family::Gemma4,
         dtype_tensor: || gemma4::weights::names("layers.0.self_attn.q_proj.weight"),
         layers: |v| Ok(gemma4::config::Config::from_json(v)?.layers.len()),
-        eos: |v| Ok(gemma4::config::Config::from_json(v)?.eos),
+        eos: |v| Ok(gemma4::config::Config::from_json(v)?.eos_token_id),
         quantized: crate::quantized::quantized_tensor,
         moe: |v| {
             let cfg = gemma4::config::Config::from_json(v)?;
             Ok(cfg.moe.map(|m| {
-                let s = moe_shape(m.experts, m.top_k, cfg.hidden, m.intermediate);
+                let s = moe_shape(
+                    m.num_experts,
+                    m.top_k_experts,
+                    cfg.hidden_size,
+                    m.moe_intermediate_size,
+                );
                 (s, Activation::GeluTanh)
             }))
         },
@@ -156,12 +161,17 @@ pub const FAMILIES: &[FamilyRow] = &[
         family: Family::Qwen3Moe,
         dtype_tensor: || vec!["model.embed_tokens.weight".to_string()],
         layers: |v| Ok(qwen3::config::Config::from_json(v)?.layers.len()),
-        eos: |v| Ok(qwen3::config::Config::from_json(v)?.eos),
+        eos: |v| Ok(qwen3::config::Config::from_json(v)?.eos_token_id),
         quantized: qwen3::weights::quantized_tensor,
         moe: |v| {
             let cfg = qwen3::config::Config::from_json(v)?;
             let m = &cfg.moe;
-            let s = moe_shape(m.experts, m.top_k, cfg.hidden, m.intermediate);
+            let s = moe_shape(
+                m.num_experts,
+                m.num_experts_per_tok,
+                cfg.hidden_size,
+                m.moe_intermediate_size,
+            );
             Ok(Some((s, Activation::Silu)))
         },
         load: |ck, v, o, dtype, progress| {

@@ -352,11 +352,11 @@ mod tests {
         let val = |i: usize, salt: usize| (((i * 31 + salt) % 23) as f32 - 11.0) / 9.0;
         for layer in &cfg.layers[..2] {
             let shape = Heads {
-                heads: cfg.heads,
-                kv_heads: layer.kv_heads,
+                heads: cfg.num_attention_heads,
+                kv_heads: layer.num_key_value_heads,
                 head_dim: layer.head_dim,
                 window: (layer.attention == crate::gemma4::config::Attention::Sliding)
-                    .then_some(cfg.window),
+                    .then_some(cfg.sliding_window),
             };
             let (d, kv, heads) = (shape.head_dim, shape.kv_heads, shape.heads);
             for (cached, s) in [(0, 7), (5, 6), (9, 1), (0, 1)] {

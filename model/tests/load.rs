@@ -164,7 +164,14 @@ fn both_config_layouts_give_the_same_full_layers() {
     .unwrap();
     assert_eq!(saved.layers, hub.layers);
     let full = &saved.layers[1];
-    assert_eq!((full.head_dim, full.kv_heads, full.k_eq_v), (64, 1, true));
+    assert_eq!(
+        (
+            full.head_dim,
+            full.num_key_value_heads,
+            full.attention_k_eq_v
+        ),
+        (64, 1, true)
+    );
     assert_eq!(full.rope.pairs, 8, "proportional RoPE: 0.25 x 64 / 2 pairs");
     assert_eq!(saved.layers[0].head_dim, 32);
 }

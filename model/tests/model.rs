@@ -33,7 +33,7 @@ fn decoding_with_the_cache_matches_a_full_forward() {
     m.forward(&PROMPT[..10], &mut cache, Head::Last, &mut trace)
         .unwrap();
     assert!(
-        cache.layers[0].pos.len() == m.cfg.window - 1,
+        cache.layers[0].pos.len() == m.cfg.sliding_window - 1,
         "a sliding layer keeps window - 1 positions"
     );
     assert_eq!(cache.layers[1].pos.len(), 10, "a full layer keeps all");

@@ -177,9 +177,9 @@ fn tiny_model(backends: &[Backend], adapter: bool) -> bool {
     println!(
         "tiny Gemma-4 MoE ({} layers, window {}, {} experts top-{}), bf16, greedy after {} prompt tokens:",
         cfg.layers.len(),
-        cfg.window,
-        cfg.moe.map_or(0, |m| m.experts),
-        cfg.moe.map_or(0, |m| m.top_k),
+        cfg.sliding_window,
+        cfg.moe.map_or(0, |m| m.num_experts),
+        cfg.moe.map_or(0, |m| m.top_k_experts),
         prompt.len()
     );
     for backend in backends {

@@ -19,35 +19,37 @@ pub use crate::ops::Rope;
 pub struct Layer {
     pub attention: Attention,
     pub head_dim: usize,
-    pub kv_heads: usize,
+    pub num_key_value_heads: usize,
     /// V is the raw K projection (no `v_proj`): full layers with `attention_k_eq_v`.
-    pub k_eq_v: bool,
+    pub attention_k_eq_v: bool,
     pub rope: Rope,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Moe {
-    pub experts: usize,
-    pub top_k: usize,
-    pub intermediate: usize,
+    pub num_experts: usize,
+    pub top_k_experts: usize,
+    pub moe_intermediate_size: usize,
 }
 
+/// Fields carry config.json's key names (candle's style), so a field is found by the key it
+/// reads; `layers` and `moe` gather the per-layer and expert keys.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
-    pub vocab: usize,
-    pub hidden: usize,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
     /// Dense MLP width.
-    pub intermediate: usize,
-    pub heads: usize,
-    pub eps: f32,
-    pub window: usize,
-    pub softcap: Option<f32>,
-    /// Positions a sequence may reach (`max_position_embeddings`).
-    pub context: usize,
+    pub intermediate_size: usize,
+    pub num_attention_heads: usize,
+    pub rms_norm_eps: f32,
+    pub sliding_window: usize,
+    pub final_logit_softcapping: Option<f32>,
+    /// Positions a sequence may reach.
+    pub max_position_embeddings: usize,
     pub layers: Vec<Layer>,
     pub moe: Option<Moe>,
-    /// Stop tokens (`eos_token_id`, one or several).
-    pub eos: Vec<u32>,
+    /// Stop tokens (one or several).
+    pub eos_token_id: Vec<u32>,
 }
 
 impl Config {
@@ -104,30 +106,33 @@ impl Config {
                 Ok(Layer {
                     attention,
                     head_dim: hd,
-                    kv_heads: kv,
-                    k_eq_v: full && k_eq_v,
+                    num_key_value_heads: kv,
+                    attention_k_eq_v: full && k_eq_v,
                     rope: rope(t, attention, hd)?,
                 })
             })
             .collect::<Result<Vec<_>, ConfigError>>()?;
         let heads = r.usize("num_attention_heads")?;
         for (i, l) in layers.iter().enumerate() {
-            if l.kv_heads == 0 || heads % l.kv_heads != 0 || l.head_dim % 2 != 0 {
+            if l.num_key_value_heads == 0
+                || heads % l.num_key_value_heads != 0
+                || l.head_dim % 2 != 0
+            {
                 return Err(ConfigError::Invalid {
                     key: format!("layer {i} attention"),
                     expected: "kv heads dividing num_attention_heads and an even head_dim".into(),
                     found: format!(
                         "{} heads, {} kv heads, head_dim {}",
-                        heads, l.kv_heads, l.head_dim
+                        heads, l.num_key_value_heads, l.head_dim
                     ),
                 });
             }
         }
         let moe = if r.bool_or("enable_moe_block", false)? {
             Some(Moe {
-                experts: r.usize("num_experts")?,
-                top_k: r.usize("top_k_experts")?,
-                intermediate: r.usize("moe_intermediate_size")?,
+                num_experts: r.usize("num_experts")?,
+                top_k_experts: r.usize("top_k_experts")?,
+                moe_intermediate_size: r.usize("moe_intermediate_size")?,
             })
         } else {
             None
@@ -135,17 +140,17 @@ impl Config {
         let eos = t.get("eos_token_id").or_else(|| v.get("eos_token_id"));
         let eos = eos.and_then(eos_tokens).unwrap_or_default();
         let cfg = Config {
-            vocab: r.usize("vocab_size")?,
-            hidden: r.usize("hidden_size")?,
-            intermediate: r.usize("intermediate_size")?,
-            heads,
-            eps: r.f64_or("rms_norm_eps", 1e-6)? as f32,
-            window: r.usize_or("sliding_window", 512)?,
-            softcap: r.opt_f64("final_logit_softcapping")?.map(|x| x as f32),
-            context: r.usize_or("max_position_embeddings", 131_072)?,
+            vocab_size: r.usize("vocab_size")?,
+            hidden_size: r.usize("hidden_size")?,
+            intermediate_size: r.usize("intermediate_size")?,
+            num_attention_heads: heads,
+            rms_norm_eps: r.f64_or("rms_norm_eps", 1e-6)? as f32,
+            sliding_window: r.usize_or("sliding_window", 512)?,
+            final_logit_softcapping: r.opt_f64("final_logit_softcapping")?.map(|x| x as f32),
+            max_position_embeddings: r.usize_or("max_position_embeddings", 131_072)?,
             layers,
             moe,
-            eos,
+            eos_token_id: eos,
         };
         cfg.sane(&r)?;
         Ok(cfg)
@@ -157,11 +162,11 @@ impl Config {
     /// forward divides by or scales with is finite and in range.
     fn sane(&self, r: &Reader) -> Result<(), ConfigError> {
         let sizes = [
-            ("vocab_size", self.vocab),
-            ("hidden_size", self.hidden),
-            ("num_attention_heads", self.heads),
-            ("sliding_window", self.window),
-            ("max_position_embeddings", self.context),
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("num_attention_heads", self.num_attention_heads),
+            ("sliding_window", self.sliding_window),
+            ("max_position_embeddings", self.max_position_embeddings),
             ("num_hidden_layers", self.layers.len()),
         ];
         positive(&sizes)?;
@@ -182,7 +187,10 @@ impl Config {
             }
         }
         if let Some(m) = self.moe
-            && (m.experts == 0 || m.top_k == 0 || m.top_k > m.experts || m.intermediate == 0)
+            && (m.num_experts == 0
+                || m.top_k_experts == 0
+                || m.top_k_experts > m.num_experts
+                || m.moe_intermediate_size == 0)
         {
             return Err(ConfigError::Invalid {
                 key: "num_experts / top_k_experts / moe_intermediate_size".into(),
@@ -190,7 +198,7 @@ impl Config {
                     .into(),
                 found: format!(
                     "{} experts, top-k {}, width {}",
-                    m.experts, m.top_k, m.intermediate
+                    m.num_experts, m.top_k_experts, m.moe_intermediate_size
                 ),
             });
         }
@@ -198,7 +206,7 @@ impl Config {
         if !(eps.is_finite() && eps >= 0.0) {
             return Err(invalid("rms_norm_eps", "a finite number >= 0", &eps.into()));
         }
-        if let Some(cap) = self.softcap
+        if let Some(cap) = self.final_logit_softcapping
             && !(cap.is_finite() && cap > 0.0)
         {
             return Err(invalid(

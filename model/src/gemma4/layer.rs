@@ -20,8 +20,8 @@ impl<W: Float> Model<'_, W> {
         trace: &mut Vec<Trace>,
     ) -> Result<Vec<f32>, ModelError> {
         let cfg = &self.cfg;
-        let hd = cfg.hidden;
-        let eps = cfg.eps;
+        let hd = cfg.hidden_size;
+        let eps = cfg.rms_norm_eps;
         // Attention.
         let attn = self.attention(
             i,
@@ -38,7 +38,7 @@ impl<W: Float> Model<'_, W> {
             &self.kernels,
             i,
             &normed(&h, hd, &lw.pre_feedforward_layernorm, eps),
-            (hd, cfg.intermediate),
+            (hd, cfg.intermediate_size),
             [&m.gate_proj, &m.up_proj, &m.down_proj],
             Activation::GeluTanh,
             trace,
@@ -64,7 +64,7 @@ impl<W: Float> Model<'_, W> {
         h: &[f32],
         trace: &mut Vec<Trace>,
     ) -> Result<Vec<f32>, ModelError> {
-        let (hd, eps) = (self.cfg.hidden, self.cfg.eps);
+        let (hd, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
         let (Some(mw), Some(moe)) = (&self.weights.layers[i].moe, self.cfg.moe) else {
             return Ok(vec![0.0; h.len()]);
         };
@@ -93,9 +93,9 @@ impl<W: Float> Model<'_, W> {
     /// The router: `rms(h) * scale * H^-0.5 -> proj -> softmax (f32) -> top-k -> renormalise ->
     /// * per_expert_scale`. Returns `idx [S, K]`, `weights [S, K]`.
     fn route(&self, h: &[f32], mw: &MoeBlock<'_, W>, moe: Moe) -> (Vec<u32>, Vec<f32>) {
-        let hd = self.cfg.hidden;
+        let hd = self.cfg.hidden_size;
         let mut r = h.to_vec();
-        rms_norm(&mut r, hd, None, self.cfg.eps);
+        rms_norm(&mut r, hd, None, self.cfg.rms_norm_eps);
         let k = (hd as f32).powf(-0.5);
         r.chunks_mut(hd).for_each(|row| {
             row.iter_mut()
@@ -103,12 +103,12 @@ impl<W: Float> Model<'_, W> {
                 .for_each(|(v, s)| *v = *v * s * k)
         });
         let s = h.len() / hd;
-        let logits = linear(&r, s, &mw.router.proj, moe.experts, hd);
-        let mut idx = Vec::with_capacity(s * moe.top_k);
-        let mut weights = Vec::with_capacity(s * moe.top_k);
-        for row in logits.chunks(moe.experts) {
+        let logits = linear(&r, s, &mw.router.proj, moe.num_experts, hd);
+        let mut idx = Vec::with_capacity(s * moe.top_k_experts);
+        let mut weights = Vec::with_capacity(s * moe.top_k_experts);
+        for row in logits.chunks(moe.num_experts) {
             let p = ops::softmax(row);
-            let top = &ops::top_k(&p, moe.top_k);
+            let top = &ops::top_k(&p, moe.top_k_experts);
             let sum: f32 = top.iter().map(|&e| p[e]).sum();
             for &e in top {
                 idx.push(e as u32);
@@ -130,10 +130,10 @@ impl<W: Float> Model<'_, W> {
         let cfg = &self.cfg;
         let layer = &cfg.layers[i];
         let (hd, d, kv, nh, s) = (
-            cfg.hidden,
+            cfg.hidden_size,
             layer.head_dim,
-            layer.kv_heads,
-            cfg.heads,
+            layer.num_key_value_heads,
+            cfg.num_attention_heads,
             positions.len(),
         );
         let inv = ops::inv_freq(&layer.rope, d);
@@ -146,23 +146,23 @@ impl<W: Float> Model<'_, W> {
         let mut qkv = ops::linears(xn, s, &mats, hd).into_iter();
         let (mut q, k_raw) = (qkv.next().expect("q"), qkv.next().expect("k"));
         let mut v = qkv.next().unwrap_or_else(|| k_raw.clone());
-        rms_norm(&mut q, d, Some(&lw.self_attn.q_norm), cfg.eps);
+        rms_norm(&mut q, d, Some(&lw.self_attn.q_norm), cfg.rms_norm_eps);
         ops::rope(&mut q, d, positions, &inv);
-        rms_norm(&mut v, d, None, cfg.eps);
+        rms_norm(&mut v, d, None, cfg.rms_norm_eps);
         let mut k = k_raw;
-        rms_norm(&mut k, d, Some(&lw.self_attn.k_norm), cfg.eps);
+        rms_norm(&mut k, d, Some(&lw.self_attn.k_norm), cfg.rms_norm_eps);
         ops::rope(&mut k, d, positions, &inv);
         cache.append(&k, &v, positions, kv, d);
         let shape = ops::Heads {
             heads: nh,
             kv_heads: kv,
             head_dim: d,
-            window: (layer.attention == Attention::Sliding).then_some(cfg.window),
+            window: (layer.attention == Attention::Sliding).then_some(cfg.sliding_window),
         };
         let o = ops::attention(shape, &q, positions, &cache.k, &cache.v, &cache.pos);
         if layer.attention == Attention::Sliding {
             // Keep the last window - 1 positions: all a later query can see besides itself.
-            cache.keep_last(cfg.window.saturating_sub(1), d);
+            cache.keep_last(cfg.sliding_window.saturating_sub(1), d);
         }
         linear(&o, s, &lw.self_attn.o_proj, hd, nh * d)
     }

@@ -41,7 +41,7 @@ impl<'c, W: Float> Model<'c, W> {
 
 impl<W: Float> CausalLm for Model<'_, W> {
     fn context(&self) -> usize {
-        self.cfg.context
+        self.cfg.max_position_embeddings
     }
 
     /// Full layers keep every position, sliding ones their window; each position holds a key
@@ -52,10 +52,10 @@ impl<W: Float> CausalLm for Model<'_, W> {
             .iter()
             .map(|l| {
                 let kept = match l.attention {
-                    super::config::Attention::Sliding => positions.min(cfg.window),
+                    super::config::Attention::Sliding => positions.min(cfg.sliding_window),
                     super::config::Attention::Full => positions,
                 };
-                (kept * l.kv_heads * l.head_dim * 2 * size_of::<f32>()) as u64
+                (kept * l.num_key_value_heads * l.head_dim * 2 * size_of::<f32>()) as u64
             })
             .sum()
     }
@@ -82,8 +82,8 @@ impl<W: Float> Model<'_, W> {
         trace: &mut Vec<Trace>,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let cfg = &self.cfg;
-        let (h, s) = (cfg.hidden, tokens.len());
-        check_tokens(tokens, cache, cfg.vocab, cfg.context)?;
+        let (h, s) = (cfg.hidden_size, tokens.len());
+        check_tokens(tokens, cache, cfg.vocab_size, cfg.max_position_embeddings)?;
         // A forced variant is checked before anything changes.
         let first_moe = self.weights.layers.iter().find_map(|l| l.moe.as_ref());
         if let (Some(mw), Some(moe)) = (first_moe, cfg.moe) {
@@ -109,19 +109,27 @@ impl<W: Float> Model<'_, W> {
             x = self.layer(i, lw, &x, &positions, &mut cache.layers[i], trace)?;
         }
         cache.len += s;
-        rms_norm(&mut x, h, Some(&self.weights.norm), cfg.eps);
-        let shape = (h, cfg.vocab);
+        rms_norm(&mut x, h, Some(&self.weights.norm), cfg.rms_norm_eps);
+        let shape = (h, cfg.vocab_size);
         let emb = self.weights.head();
-        head_rows(&self.kernels, &x, shape, emb, cfg.softcap, head, trace)
+        head_rows(
+            &self.kernels,
+            &x,
+            shape,
+            emb,
+            cfg.final_logit_softcapping,
+            head,
+            trace,
+        )
     }
 
     pub(super) fn moe_shape(&self, t: usize, moe: Moe) -> Shape {
         Shape {
             t,
-            r: moe.top_k,
-            e: moe.experts,
-            h: self.cfg.hidden,
-            f: moe.intermediate,
+            r: moe.top_k_experts,
+            e: moe.num_experts,
+            h: self.cfg.hidden_size,
+            f: moe.moe_intermediate_size,
             v: 0,
         }
     }

@@ -14,8 +14,8 @@ pub fn config() -> Config {
     let sliding = Layer {
         attention: Attention::Sliding,
         head_dim: 16,
-        kv_heads: 2,
-        k_eq_v: false,
+        num_key_value_heads: 2,
+        attention_k_eq_v: false,
         rope: Rope {
             theta: 1e4,
             pairs: 8,
@@ -25,8 +25,8 @@ pub fn config() -> Config {
     let full = Layer {
         attention: Attention::Full,
         head_dim: 32,
-        kv_heads: 1,
-        k_eq_v: true,
+        num_key_value_heads: 1,
+        attention_k_eq_v: true,
         rope: Rope {
             theta: 1e6,
             pairs: 4,
@@ -34,21 +34,21 @@ pub fn config() -> Config {
         },
     };
     Config {
-        vocab: 96,
-        hidden: 64,
-        intermediate: 48,
-        heads: 4,
-        eps: 1e-6,
-        window: 4,
-        softcap: Some(30.0),
-        context: 1024,
+        vocab_size: 96,
+        hidden_size: 64,
+        intermediate_size: 48,
+        num_attention_heads: 4,
+        rms_norm_eps: 1e-6,
+        sliding_window: 4,
+        final_logit_softcapping: Some(30.0),
+        max_position_embeddings: 1024,
         layers: vec![sliding.clone(), full, sliding],
         moe: Some(Moe {
-            experts: 8,
-            top_k: 2,
-            intermediate: 32,
+            num_experts: 8,
+            top_k_experts: 2,
+            moe_intermediate_size: 32,
         }),
-        eos: vec![1],
+        eos_token_id: vec![1],
     }
 }
 
@@ -139,8 +139,8 @@ pub fn gemma4_26b(layers: usize) -> Config {
     let sliding = Layer {
         attention: Attention::Sliding,
         head_dim: 256,
-        kv_heads: 8,
-        k_eq_v: false,
+        num_key_value_heads: 8,
+        attention_k_eq_v: false,
         rope: Rope {
             theta: 1e4,
             pairs: 128,
@@ -150,8 +150,8 @@ pub fn gemma4_26b(layers: usize) -> Config {
     let full = Layer {
         attention: Attention::Full,
         head_dim: 512,
-        kv_heads: 2,
-        k_eq_v: true,
+        num_key_value_heads: 2,
+        attention_k_eq_v: true,
         rope: Rope {
             theta: 1e6,
             pairs: 64,
@@ -159,14 +159,14 @@ pub fn gemma4_26b(layers: usize) -> Config {
         },
     };
     Config {
-        vocab: 262_144,
-        hidden: 2816,
-        intermediate: 2112,
-        heads: 16,
-        eps: 1e-6,
-        window: 1024,
-        softcap: Some(30.0),
-        context: 262_144,
+        vocab_size: 262_144,
+        hidden_size: 2816,
+        intermediate_size: 2112,
+        num_attention_heads: 16,
+        rms_norm_eps: 1e-6,
+        sliding_window: 1024,
+        final_logit_softcapping: Some(30.0),
+        max_position_embeddings: 262_144,
         layers: (0..layers)
             .map(|i| {
                 if i % 2 == 0 {
@@ -177,10 +177,10 @@ pub fn gemma4_26b(layers: usize) -> Config {
             })
             .collect(),
         moe: Some(Moe {
-            experts: 128,
-            top_k: 8,
-            intermediate: 704,
+            num_experts: 128,
+            top_k_experts: 8,
+            moe_intermediate_size: 704,
         }),
-        eos: vec![1],
+        eos_token_id: vec![1],
     }
 }

@@ -154,7 +154,7 @@ pub fn build<'c, W: Clone>(
     cfg: &Config,
     mut progress: impl FnMut(usize),
 ) -> Result<Weights<'c, W>, LoadError> {
-    let (h, v, ff) = (cfg.hidden, cfg.vocab, cfg.intermediate);
+    let (h, v, ff) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
     let embed_tokens = src.bank(&names("embed_tokens.weight"), &[v, h])?;
     let norm = src.vector(&names("norm.weight"), &[h])?;
     let head = vec!["lm_head.weight".to_string()];
@@ -165,12 +165,12 @@ pub fn build<'c, W: Clone>(
     let mut layers = vec![];
     for (i, l) in cfg.layers.iter().enumerate() {
         let key = |s: &str| names(&format!("layers.{i}.{s}"));
-        let (d, kv, nh) = (l.head_dim, l.kv_heads, cfg.heads);
+        let (d, kv, nh) = (l.head_dim, l.num_key_value_heads, cfg.num_attention_heads);
         let moe = match cfg.moe {
             None => None,
             Some(Moe {
-                experts: e,
-                intermediate: f,
+                num_experts: e,
+                moe_intermediate_size: f,
                 ..
             }) => Some(MoeBlock {
                 pre_feedforward_layernorm_2: src
@@ -200,7 +200,7 @@ pub fn build<'c, W: Clone>(
             self_attn: SelfAttn {
                 q_proj: src.matrix(&key("self_attn.q_proj.weight"), &[nh * d, h])?,
                 k_proj: src.matrix(&key("self_attn.k_proj.weight"), &[kv * d, h])?,
-                v_proj: match l.k_eq_v {
+                v_proj: match l.attention_k_eq_v {
                     true => None,
                     false => Some(src.matrix(&key("self_attn.v_proj.weight"), &[kv * d, h])?),
                 },

@@ -18,32 +18,34 @@ pub enum Mlp {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Moe {
-    pub experts: usize,
-    pub top_k: usize,
-    /// Each expert's width (`moe_intermediate_size`).
-    pub intermediate: usize,
+    pub num_experts: usize,
+    pub num_experts_per_tok: usize,
+    /// Each expert's width.
+    pub moe_intermediate_size: usize,
     /// Renormalise the top-k probabilities to sum to 1 (`norm_topk_prob`).
     pub norm_topk_prob: bool,
 }
 
+/// Fields carry config.json's key names (candle's style), so a field is found by the key it
+/// reads; `layers` and `moe` gather the per-layer and expert keys.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
-    pub vocab: usize,
-    pub hidden: usize,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
     /// The dense MLP's width (`intermediate_size`), for `Mlp::Dense` layers.
-    pub intermediate: usize,
-    pub heads: usize,
-    pub kv_heads: usize,
+    pub intermediate_size: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
     pub head_dim: usize,
-    pub eps: f32,
+    pub rms_norm_eps: f32,
     pub rope: Rope,
-    /// Positions a sequence may reach (`max_position_embeddings`).
-    pub context: usize,
+    /// Positions a sequence may reach.
+    pub max_position_embeddings: usize,
     pub layers: Vec<Mlp>,
     pub moe: Moe,
-    /// The LM head is the embedding (`tie_word_embeddings`).
-    pub tied: bool,
-    pub eos: Vec<u32>,
+    /// The LM head is the embedding.
+    pub tie_word_embeddings: bool,
+    pub eos_token_id: Vec<u32>,
 }
 
 impl Config {
@@ -87,28 +89,28 @@ impl Config {
             .and_then(eos_tokens)
             .unwrap_or_default();
         let cfg = Config {
-            vocab: r.usize("vocab_size")?,
-            hidden,
-            intermediate: r.usize("intermediate_size")?,
-            heads,
-            kv_heads,
+            vocab_size: r.usize("vocab_size")?,
+            hidden_size: hidden,
+            intermediate_size: r.usize("intermediate_size")?,
+            num_attention_heads: heads,
+            num_key_value_heads: kv_heads,
             head_dim,
-            eps: r.f64_or("rms_norm_eps", 1e-6)? as f32,
+            rms_norm_eps: r.f64_or("rms_norm_eps", 1e-6)? as f32,
             rope: Rope {
                 theta: rope_theta(v)?,
                 pairs: head_dim / 2,
                 factor: 1.0,
             },
-            context: r.usize_or("max_position_embeddings", 40_960)?,
+            max_position_embeddings: r.usize_or("max_position_embeddings", 40_960)?,
             layers,
             moe: Moe {
-                experts,
-                top_k: r.usize("num_experts_per_tok")?,
-                intermediate: r.usize("moe_intermediate_size")?,
+                num_experts: experts,
+                num_experts_per_tok: r.usize("num_experts_per_tok")?,
+                moe_intermediate_size: r.usize("moe_intermediate_size")?,
                 norm_topk_prob: r.bool_or("norm_topk_prob", false)?,
             },
-            tied: r.bool_or("tie_word_embeddings", false)?,
-            eos,
+            tie_word_embeddings: r.bool_or("tie_word_embeddings", false)?,
+            eos_token_id: eos,
         };
         cfg.sane()?;
         Ok(cfg)
@@ -117,15 +119,17 @@ impl Config {
     /// Sizes that must be positive are; heads group evenly; top-k picks among the experts.
     fn sane(&self) -> Result<(), ConfigError> {
         let sizes = [
-            ("vocab_size", self.vocab),
-            ("hidden_size", self.hidden),
-            ("num_attention_heads", self.heads),
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("num_attention_heads", self.num_attention_heads),
             ("num_hidden_layers", self.layers.len()),
-            ("max_position_embeddings", self.context),
+            ("max_position_embeddings", self.max_position_embeddings),
         ];
         positive(&sizes)?;
-        if self.kv_heads == 0
-            || !self.heads.is_multiple_of(self.kv_heads)
+        if self.num_key_value_heads == 0
+            || !self
+                .num_attention_heads
+                .is_multiple_of(self.num_key_value_heads)
             || !self.head_dim.is_multiple_of(2)
         {
             return Err(ConfigError::Invalid {
@@ -133,30 +137,34 @@ impl Config {
                 expected: "kv heads dividing num_attention_heads and an even head_dim".into(),
                 found: format!(
                     "{} heads, {} kv heads, head_dim {}",
-                    self.heads, self.kv_heads, self.head_dim
+                    self.num_attention_heads, self.num_key_value_heads, self.head_dim
                 ),
             });
         }
         let m = self.moe;
         let sparse = self.layers.contains(&Mlp::Sparse);
-        if sparse && (m.top_k == 0 || m.top_k > m.experts || m.intermediate == 0) {
+        if sparse
+            && (m.num_experts_per_tok == 0
+                || m.num_experts_per_tok > m.num_experts
+                || m.moe_intermediate_size == 0)
+        {
             return Err(ConfigError::Invalid {
                 key: "num_experts_per_tok / moe_intermediate_size".into(),
                 expected: "top-k from 1 to the experts, a positive expert width".into(),
                 found: format!(
                     "{} experts, top-k {}, width {}",
-                    m.experts, m.top_k, m.intermediate
+                    m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size
                 ),
             });
         }
-        if self.layers.contains(&Mlp::Dense) && self.intermediate == 0 {
+        if self.layers.contains(&Mlp::Dense) && self.intermediate_size == 0 {
             return Err(invalid("intermediate_size", "at least 1", &0.into()));
         }
-        if !(self.eps.is_finite() && self.eps >= 0.0) {
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
             return Err(invalid(
                 "rms_norm_eps",
                 "a finite number >= 0",
-                &self.eps.into(),
+                &self.rms_norm_eps.into(),
             ));
         }
         if !(self.rope.theta.is_finite() && self.rope.theta > 1.0) {

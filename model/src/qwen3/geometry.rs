@@ -13,28 +13,28 @@ use std::borrow::Cow;
 /// Qwen3-30B-A3B's config.json with `layers` of its 48 layers (all routed), untied head.
 pub fn qwen3_30b_a3b(layers: usize) -> Config {
     Config {
-        vocab: 151_936,
-        hidden: 2048,
-        intermediate: 6144,
-        heads: 32,
-        kv_heads: 4,
+        vocab_size: 151_936,
+        hidden_size: 2048,
+        intermediate_size: 6144,
+        num_attention_heads: 32,
+        num_key_value_heads: 4,
         head_dim: 128,
-        eps: 1e-6,
+        rms_norm_eps: 1e-6,
         rope: Rope {
             theta: 1e6,
             pairs: 64,
             factor: 1.0,
         },
-        context: 40_960,
+        max_position_embeddings: 40_960,
         layers: vec![Mlp::Sparse; layers],
         moe: Moe {
-            experts: 128,
-            top_k: 8,
-            intermediate: 768,
+            num_experts: 128,
+            num_experts_per_tok: 8,
+            moe_intermediate_size: 768,
             norm_topk_prob: true,
         },
-        tied: false,
-        eos: vec![151_645],
+        tie_word_embeddings: false,
+        eos_token_id: vec![151_645],
     }
 }
 
@@ -45,15 +45,15 @@ pub fn weights<W: Elem>(cfg: &Config) -> Weights<'static, W> {
         seed += 1;
         uniform::<W>(rows * cols, seed, 1.0 / (cols as f32).sqrt())
     };
-    let (h, v, d) = (cfg.hidden, cfg.vocab, cfg.head_dim);
+    let (h, v, d) = (cfg.hidden_size, cfg.vocab_size, cfg.head_dim);
     let (nh, kv, e, f) = (
-        cfg.heads,
-        cfg.kv_heads,
-        cfg.moe.experts,
-        cfg.moe.intermediate,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.moe.num_experts,
+        cfg.moe.moe_intermediate_size,
     );
     let embed_tokens = Cow::Owned(matrix(v, h));
-    let lm_head = (!cfg.tied).then(|| Stored::Plain(Cow::Owned(matrix(v, h))));
+    let lm_head = (!cfg.tie_word_embeddings).then(|| Stored::Plain(Cow::Owned(matrix(v, h))));
     let layers = cfg
         .layers
         .iter()

@@ -38,10 +38,10 @@ impl<'c, W: Float> Model<'c, W> {
         let m = self.cfg.moe;
         Shape {
             t,
-            r: m.top_k,
-            e: m.experts,
-            h: self.cfg.hidden,
-            f: m.intermediate,
+            r: m.num_experts_per_tok,
+            e: m.num_experts,
+            h: self.cfg.hidden_size,
+            f: m.moe_intermediate_size,
             v: 0,
         }
     }
@@ -49,13 +49,14 @@ impl<'c, W: Float> Model<'c, W> {
 
 impl<W: Float> CausalLm for Model<'_, W> {
     fn context(&self) -> usize {
-        self.cfg.context
+        self.cfg.max_position_embeddings
     }
 
     /// Every layer keeps every position: a key and a value of `head_dim` f32s per KV head.
     fn cache_bytes(&self, positions: usize) -> u64 {
         let c = &self.cfg;
-        (c.layers.len() * positions * c.kv_heads * c.head_dim * 2 * size_of::<f32>()) as u64
+        (c.layers.len() * positions * c.num_key_value_heads * c.head_dim * 2 * size_of::<f32>())
+            as u64
     }
 
     fn forward(
@@ -80,8 +81,8 @@ impl<W: Float> Model<'_, W> {
         trace: &mut Vec<Trace>,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let cfg = &self.cfg;
-        let (h, s) = (cfg.hidden, tokens.len());
-        check_tokens(tokens, cache, cfg.vocab, cfg.context)?;
+        let (h, s) = (cfg.hidden_size, tokens.len());
+        check_tokens(tokens, cache, cfg.vocab_size, cfg.max_position_embeddings)?;
         // A forced variant is checked before anything changes.
         let first_moe = self.weights.layers.iter().find_map(|l| match &l.mlp {
             Feedforward::Sparse(moe) => Some(&moe.gate_up_proj),
@@ -104,8 +105,8 @@ impl<W: Float> Model<'_, W> {
             x = self.layer(i, lw, &x, &positions, &mut cache.layers[i], trace)?;
         }
         cache.len += s;
-        rms_norm(&mut x, h, Some(&self.weights.norm), cfg.eps);
-        let shape = (h, cfg.vocab);
+        rms_norm(&mut x, h, Some(&self.weights.norm), cfg.rms_norm_eps);
+        let shape = (h, cfg.vocab_size);
         head_rows(
             &self.kernels,
             &x,
@@ -126,7 +127,7 @@ impl<W: Float> Model<'_, W> {
         cache: &mut LayerCache,
         trace: &mut Vec<Trace>,
     ) -> Result<Vec<f32>, ModelError> {
-        let (hd, eps) = (self.cfg.hidden, self.cfg.eps);
+        let (hd, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
         let attn = self.attention(
             lw,
             &normed(x, hd, &lw.input_layernorm, eps),
@@ -141,7 +142,7 @@ impl<W: Float> Model<'_, W> {
                 &self.kernels,
                 i,
                 &hn,
-                (hd, self.cfg.intermediate),
+                (hd, self.cfg.intermediate_size),
                 [&m.gate_proj, &m.up_proj, &m.down_proj],
                 Activation::Silu,
                 trace,
@@ -158,14 +159,14 @@ impl<W: Float> Model<'_, W> {
         moe: &SparseMoe<'_, W>,
         trace: &mut Vec<Trace>,
     ) -> Result<Vec<f32>, ModelError> {
-        let (hd, m) = (self.cfg.hidden, self.cfg.moe);
+        let (hd, m) = (self.cfg.hidden_size, self.cfg.moe);
         let s = hn.len() / hd;
-        let logits = linear(hn, s, &moe.gate, m.experts, hd);
-        let mut idx = Vec::with_capacity(s * m.top_k);
-        let mut weights = Vec::with_capacity(s * m.top_k);
-        for row in logits.chunks(m.experts) {
+        let logits = linear(hn, s, &moe.gate, m.num_experts, hd);
+        let mut idx = Vec::with_capacity(s * m.num_experts_per_tok);
+        let mut weights = Vec::with_capacity(s * m.num_experts_per_tok);
+        for row in logits.chunks(m.num_experts) {
             let p = ops::softmax(row);
-            let top = &ops::top_k(&p, m.top_k);
+            let top = &ops::top_k(&p, m.num_experts_per_tok);
             let sum: f32 = if m.norm_topk_prob {
                 top.iter().map(|&e| p[e]).sum()
             } else {
@@ -206,10 +207,10 @@ impl<W: Float> Model<'_, W> {
     ) -> Vec<f32> {
         let cfg = &self.cfg;
         let (hd, d, kv, nh, s) = (
-            cfg.hidden,
+            cfg.hidden_size,
             cfg.head_dim,
-            cfg.kv_heads,
-            cfg.heads,
+            cfg.num_key_value_heads,
+            cfg.num_attention_heads,
             positions.len(),
         );
         let a = &lw.self_attn;
@@ -225,12 +226,12 @@ impl<W: Float> Model<'_, W> {
             qkv.next().expect("v"),
         );
         let inv = ops::inv_freq(&cfg.rope, d);
-        rms_norm(&mut q, d, Some(&a.q_norm), cfg.eps);
+        rms_norm(&mut q, d, Some(&a.q_norm), cfg.rms_norm_eps);
         ops::rope(&mut q, d, positions, &inv);
         // The score scale, applied to the queries (`ops::attention` scores with scale 1).
         let scale = (d as f32).powf(-0.5);
         q.iter_mut().for_each(|x| *x *= scale);
-        rms_norm(&mut k, d, Some(&a.k_norm), cfg.eps);
+        rms_norm(&mut k, d, Some(&a.k_norm), cfg.rms_norm_eps);
         ops::rope(&mut k, d, positions, &inv);
         cache.append(&k, &v, positions, kv, d);
         let heads = ops::Heads {

@@ -129,11 +129,11 @@ pub fn load_quantized<'c, W: Elem>(
     quantize: Option<Quant>,
     mut progress: impl FnMut(usize),
 ) -> Result<Weights<'c, W>, LoadError> {
-    let (h, v, d) = (cfg.hidden, cfg.vocab, cfg.head_dim);
-    let (nh, kv) = (cfg.heads, cfg.kv_heads);
+    let (h, v, d) = (cfg.hidden_size, cfg.vocab_size, cfg.head_dim);
+    let (nh, kv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
     let matrix = |name: &str, shape: &[usize]| ck.matrix::<W>(&key(name), shape, residence);
     let embed_tokens = matrix("model.embed_tokens.weight", &[v, h])?;
-    let lm_head = match cfg.tied {
+    let lm_head = match cfg.tie_word_embeddings {
         true => None,
         false => Some(read_bank(
             ck,
@@ -149,7 +149,7 @@ pub fn load_quantized<'c, W: Elem>(
         let k = |s: &str| format!("model.layers.{i}.{s}");
         let mlp = match kind {
             Kind::Dense => {
-                let f = cfg.intermediate;
+                let f = cfg.intermediate_size;
                 Feedforward::Dense(Mlp {
                     gate_proj: matrix(&k("mlp.gate_proj.weight"), &[f, h])?,
                     up_proj: matrix(&k("mlp.up_proj.weight"), &[f, h])?,
@@ -157,7 +157,7 @@ pub fn load_quantized<'c, W: Elem>(
                 })
             }
             Kind::Sparse => {
-                let (e, f) = (cfg.moe.experts, cfg.moe.intermediate);
+                let (e, f) = (cfg.moe.num_experts, cfg.moe.moe_intermediate_size);
                 let expert = |j: usize, w: &str, shape: [usize; 2]| {
                     (
                         key(&k(&format!("mlp.experts.{j}.{w}.weight"))),

@@ -204,7 +204,7 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
             let weights_bytes = weights.bytes() as u64;
             let quant = args.dtype.or(args.quantize);
             let work = Work::gemma4(&cfg, PROMPT, quant);
-            let vocab = cfg.vocab;
+            let vocab = cfg.vocab_size;
             let model = Model::new(cfg, weights, args.backend.backend());
             timed(args, "26b-a4b", layers, &model, vocab, weights_bytes, work)
         }
@@ -226,7 +226,7 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
             let weights = moek_model::qwen3::geometry::weights::<bf16>(&cfg);
             let weights_bytes = weights.bytes() as u64;
             let work = Work::qwen3(&cfg, PROMPT);
-            let vocab = cfg.vocab;
+            let vocab = cfg.vocab_size;
             let model = moek_model::qwen3::model::Model::new(cfg, weights, args.backend.backend());
             timed(
                 args,
@@ -373,30 +373,35 @@ impl Work {
         s: usize,
         quant: Option<moek_model::quantized::Quant>,
     ) -> Work {
-        let (h, e, st) = (cfg.hidden as f64, 2.0, s as f64);
+        let (h, e, st) = (cfg.hidden_size as f64, 2.0, s as f64);
         let quantized_bytes = quant.map_or(e, |q| {
             let block = moek_kernels::ir::quant::BLOCK;
             q.dtype().block_bytes(block).expect("a quantized dtype") as f64 / block as f64
         });
-        let mut decode_bytes = cfg.vocab as f64 * h * quantized_bytes;
-        let mut prefill_flops = 2.0 * cfg.vocab as f64 * h;
+        let mut decode_bytes = cfg.vocab_size as f64 * h * quantized_bytes;
+        let mut prefill_flops = 2.0 * cfg.vocab_size as f64 * h;
         let mut moe_decode = 0.0;
         for l in &cfg.layers {
-            let (d, kv, nh) = (l.head_dim as f64, l.kv_heads as f64, cfg.heads as f64);
-            let v = if l.k_eq_v { 0.0 } else { kv * d * h };
-            let dense = (2.0 * nh * d * h + kv * d * h + v) + 3.0 * cfg.intermediate as f64 * h;
+            let (d, kv, nh) = (
+                l.head_dim as f64,
+                l.num_key_value_heads as f64,
+                cfg.num_attention_heads as f64,
+            );
+            let v = if l.attention_k_eq_v { 0.0 } else { kv * d * h };
+            let dense =
+                (2.0 * nh * d * h + kv * d * h + v) + 3.0 * cfg.intermediate_size as f64 * h;
             decode_bytes += dense * e;
             prefill_flops += 2.0 * st * dense;
             // Causal: query i sees i + 1 keys, at most the window on sliding layers.
             let window = match l.attention {
-                moek_model::gemma4::config::Attention::Sliding => cfg.window,
+                moek_model::gemma4::config::Attention::Sliding => cfg.sliding_window,
                 _ => usize::MAX,
             };
             let visible: f64 = (0..s).map(|i| (i + 1).min(window) as f64).sum();
             prefill_flops += 2.0 * 2.0 * nh * d * visible;
             if let Some(m) = cfg.moe {
-                let experts = (m.top_k * 3 * m.intermediate) as f64 * h;
-                let router = m.experts as f64 * h;
+                let experts = (m.top_k_experts * 3 * m.moe_intermediate_size) as f64 * h;
+                let router = m.num_experts as f64 * h;
                 moe_decode = experts * quantized_bytes;
                 decode_bytes += moe_decode + router * e;
                 prefill_flops += 2.0 * st * (experts + router);
@@ -414,15 +419,19 @@ impl Work {
     /// As [`Work::gemma4`] for Qwen3-MoE: per layer GQA attention (q and o of all heads, k and v
     /// of the KV heads), the router and the top-k experts; causal attention over every key.
     fn qwen3(cfg: &moek_model::qwen3::config::Config, s: usize) -> Work {
-        let (h, e, st) = (cfg.hidden as f64, 2.0, s as f64);
-        let (d, kv, nh) = (cfg.head_dim as f64, cfg.kv_heads as f64, cfg.heads as f64);
+        let (h, e, st) = (cfg.hidden_size as f64, 2.0, s as f64);
+        let (d, kv, nh) = (
+            cfg.head_dim as f64,
+            cfg.num_key_value_heads as f64,
+            cfg.num_attention_heads as f64,
+        );
         let m = cfg.moe;
         let attention = 2.0 * nh * d * h + 2.0 * kv * d * h;
-        let experts = (m.top_k * 3 * m.intermediate) as f64 * h;
-        let router = m.experts as f64 * h;
+        let experts = (m.num_experts_per_tok * 3 * m.moe_intermediate_size) as f64 * h;
+        let router = m.num_experts as f64 * h;
         let layers = cfg.layers.len() as f64;
         let visible: f64 = (0..s).map(|i| (i + 1) as f64).sum();
-        let head = cfg.vocab as f64 * h;
+        let head = cfg.vocab_size as f64 * h;
         Work {
             prefill_flops: 2.0 * head
                 + layers * (2.0 * st * (attention + experts + router) + 4.0 * nh * d * visible),
