@@ -194,6 +194,16 @@ fn bad_requests_are_refused_by_name() {
         (&["tune"], "--dims"),
         (&["tune", "--spec", "nope"], "no spec is named `nope`"),
         (
+            &[
+                "tune",
+                "--dims",
+                "T=1,R=2,E=4,H=256,F=128",
+                "--write",
+                "/nonexistent/dir/t.rs",
+            ],
+            "does not exist",
+        ),
+        (
             &["tune", "--dims", "T=1,R=2,E=4,H=256,F=128", "--dtype", "q9"],
             "unknown dtype `q9`",
         ),

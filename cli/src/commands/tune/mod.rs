@@ -156,6 +156,16 @@ pub fn run(registry: &Registry, args: &TuneArgs) -> Result<ExitCode, CommandErro
     let start = Instant::now();
     let usage = CommandError::Usage;
     let p = problem(registry, args)?;
+    // Where the winner goes must exist before minutes of search are spent on it.
+    if let Some(dir) = args.write.as_ref().and_then(|w| w.parent())
+        && !dir.as_os_str().is_empty()
+        && !dir.is_dir()
+    {
+        return Err(usage(format!(
+            "`--write`: the directory `{}` does not exist",
+            dir.display()
+        )));
+    }
     let target = p.target;
     // wgpu keeps each candidate's weights on the device across its calls, as the model does.
     let backend = match target {
@@ -305,10 +315,21 @@ pub fn run(registry: &Registry, args: &TuneArgs) -> Result<ExitCode, CommandErro
         spec,
         cached: false,
     };
-    if let Some(path) = &cache_path {
+    // A pick whose simulation failed is reported, never remembered.
+    if let Some(path) = &cache_path
+        && !failed(&outcome)
+    {
         cache::write(path, &key, &outcome).map_err(usage)?;
     }
     finish(args, &p, outcome)
+}
+
+/// Whether a simulated candidate left the tolerance or counted other bytes than its costing.
+fn failed(o: &Outcome) -> bool {
+    o.ranked
+        .iter()
+        .filter_map(|r| r.simulated.as_ref())
+        .any(|s| !s.passed || !s.counts_agree)
 }
 
 /// Prints the outcome and writes the winner's spec where asked.
@@ -379,12 +400,7 @@ fn finish(args: &TuneArgs, p: &Problem, o: Outcome) -> Result<ExitCode, CommandE
             }
         }
     }
-    let failed = o
-        .ranked
-        .iter()
-        .filter_map(|r| r.simulated.as_ref())
-        .any(|s| !s.passed || !s.counts_agree);
-    Ok(if failed {
+    Ok(if failed(&o) {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
