@@ -54,20 +54,34 @@ pub fn search(
     budget: f64,
     search: &mut Search,
 ) -> Result<Vec<Ranked>, String> {
-    let (a, b, c, d, e, f) = (p, backend, incumbent, legal, budget, search);
+    let job = Job {
+        p,
+        backend,
+        incumbent,
+        budget,
+    };
     match p.dtype {
-        DType::Bf16 => run::<Case<half::bf16>>(a, b, c, d, e, f),
-        DType::F16 => run::<Case<half::f16>>(a, b, c, d, e, f),
-        DType::F32 => run::<Case<f32>>(a, b, c, d, e, f),
+        DType::Bf16 => run::<Case<half::bf16>>(&job, legal, search),
+        DType::F16 => run::<Case<half::f16>>(&job, legal, search),
+        DType::F32 => run::<Case<f32>>(&job, legal, search),
         q => moek_kernels::with_block!(
             q,
             moek_kernels::ir::quant::BLOCK,
             |Q| match q.activation() {
-                DType::Bf16 => run::<Blocks<Q, half::bf16>>(a, b, c, d, e, f),
-                _ => run::<Blocks<Q, f32>>(a, b, c, d, e, f),
+                DType::Bf16 => run::<Blocks<Q, half::bf16>>(&job, legal, search),
+                _ => run::<Blocks<Q, f32>>(&job, legal, search),
             }
         ),
     }
+}
+
+/// One measured search: the problem, where it runs, the built-in every call is paired with,
+/// and the seconds it may take.
+struct Job<'a> {
+    p: &'a Problem,
+    backend: &'a Backend,
+    incumbent: &'a KernelEntry,
+    budget: f64,
 }
 
 /// What the timed calls read: weights drawn once, routes redrawn for each call.
@@ -164,13 +178,16 @@ impl<Q: QuantElem, A: QuantAct> Bench for Blocks<Q, A> {
 }
 
 fn run<C: Bench>(
-    p: &Problem,
-    backend: &Backend,
-    incumbent: &KernelEntry,
+    job: &Job,
     legal: Vec<(Schedule, Kernel)>,
-    budget: f64,
     search: &mut Search,
 ) -> Result<Vec<Ranked>, String> {
+    let Job {
+        p,
+        backend,
+        incumbent,
+        budget,
+    } = *job;
     let start = Instant::now();
     let d = p.dims;
     let shape = d.shape();
