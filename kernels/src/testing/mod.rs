@@ -21,6 +21,7 @@ use moek_ir::{Activation, Bias, DType, DimName, Kernel, Op, Target};
 
 mod case;
 mod cases;
+mod conformance;
 mod draws;
 mod quant_case;
 mod reports;
@@ -29,6 +30,7 @@ mod shapes;
 pub use crate::geometry::{admits, shape_for};
 pub use case::*;
 pub use cases::*;
+pub use conformance::conformance;
 pub use draws::*;
 pub use quant_case::*;
 use rand::rngs::SmallRng;
