@@ -167,11 +167,9 @@ pub fn run(registry: &Registry, args: &TuneArgs) -> Result<ExitCode, CommandErro
         )));
     }
     let target = p.target;
-    // wgpu keeps each candidate's weights on the device across its calls, as the model does.
-    let backend = match target {
-        Target::Wgpu => args.target.backend().with_resident_weights(),
-        _ => args.target.backend(),
-    };
+    // A device keeps each candidate's weights across its calls, as the model does (the CPU
+    // reads them in place).
+    let backend = args.target.backend().with_resident_weights();
     if !backend.compiled() {
         return Err(usage(format!(
             "the {target} backend is not part of this build"
