@@ -267,6 +267,7 @@ fn run<C: Bench>(
                 // A device compiles a program on its first call: not part of its time.
                 call(&entries[i].1, seed, &mut out)?;
             }
+            let bytes = work(entries[i].1.ir(), d, elem).0;
             for _ in 0..calls {
                 seed += 1;
                 // The final round's calls are each judged against the bandwidth probed just
@@ -284,9 +285,7 @@ fn run<C: Bench>(
                 }
                 if let Some(bw) = bw {
                     bandwidth.push(bw);
-                    score
-                        .shares
-                        .push(work(entries[i].1.ir(), d, elem).0 / t / bw);
+                    score.shares.push(bytes / t / bw);
                 }
             }
             timed += 1;

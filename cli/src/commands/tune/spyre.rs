@@ -55,19 +55,23 @@ pub fn search(
     search.incumbent_figure = inc.map(|s| s * 1e3);
     search.floor = Some(floor * 1e3);
     let total = legal.len();
-    let mut ranked = Vec::with_capacity(total);
+    // Each candidate beside its counted cost, which the simulated ones are checked against.
+    let mut ranked: Vec<(Ranked, Modeled)> = Vec::with_capacity(total);
     for (n, (schedule, k)) in legal.into_iter().enumerate() {
         match modeled(&k, p.dtype) {
-            Ok(m) => ranked.push(Ranked {
-                schedule,
-                kernel: k,
-                figure: m.seconds * 1e3,
-                unit: "ms",
-                floor_ratio: Some(floor / m.seconds),
-                vs_builtin: inc.map(|s| s / m.seconds),
-                calls: 0,
-                simulated: None,
-            }),
+            Ok(m) => ranked.push((
+                Ranked {
+                    schedule,
+                    kernel: k,
+                    figure: m.seconds * 1e3,
+                    unit: "ms",
+                    floor_ratio: Some(floor / m.seconds),
+                    vs_builtin: inc.map(|s| s / m.seconds),
+                    calls: 0,
+                    simulated: None,
+                },
+                m,
+            )),
             Err(why) => {
                 *search
                     .skipped
@@ -79,8 +83,8 @@ pub fn search(
             search.progress(&format!("costed {}/{total}", n + 1));
         }
     }
-    ranked.sort_by(|a, b| a.figure.total_cmp(&b.figure));
-    for r in ranked.iter_mut().take(simulate) {
+    ranked.sort_by(|a, b| a.0.figure.total_cmp(&b.0.figure));
+    for (r, counted) in ranked.iter_mut().take(simulate) {
         let entry = KernelEntry::scheduled(r.kernel.clone());
         let shape = testing::shape_for(&r.kernel, &moek_kernels::geometry::DECODE);
         search.progress(&format!("simulating {}", r.schedule.summary()));
@@ -89,7 +93,6 @@ pub fn search(
             .modeled
             .clone()
             .ok_or("a spyre run carries its cost")?;
-        let counted = modeled(&r.kernel, p.dtype)?;
         r.simulated = Some(Simulated {
             passed: report.passed(),
             deviation: report.deviation.to_string(),
@@ -98,5 +101,5 @@ pub fn search(
                 && model.seconds == counted.seconds,
         });
     }
-    Ok(ranked)
+    Ok(ranked.into_iter().map(|(r, _)| r).collect())
 }
