@@ -96,18 +96,6 @@ pub struct FamilyRow {
 /// the experts' activation), or `None` when it has no MoE layer.
 pub type MoeFn = fn(&Value) -> Result<Option<(Shape, Activation)>, LoadError>;
 
-/// An expert FFN's sizes with T free (set to 1).
-fn moe_shape(experts: usize, top_k: usize, hidden: usize, intermediate: usize) -> Shape {
-    Shape {
-        t: 1,
-        r: top_k,
-        e: experts,
-        h: hidden,
-        f: intermediate,
-        v: 0,
-    }
-}
-
 /// `$body` with `$w` the element type of the safetensors dtype `$dtype`.
 macro_rules! by_dtype {
     ($dtype:expr, $w:ident => $body:expr) => {
@@ -139,15 +127,8 @@ pub const FAMILIES: &[FamilyRow] = &[
         quantized: crate::quantized::quantized_tensor,
         moe: |v| {
             let cfg = gemma4::config::Config::from_json(v)?;
-            Ok(cfg.moe.map(|m| {
-                let s = moe_shape(
-                    m.num_experts,
-                    m.top_k_experts,
-                    cfg.hidden_size,
-                    m.moe_intermediate_size,
-                );
-                (s, Activation::GeluTanh)
-            }))
+            let shape = cfg.moe.map(|m| m.shape(1, cfg.hidden_size));
+            Ok(shape.map(|s| (s, Activation::GeluTanh)))
         },
         load: |ck, v, o, dtype, progress| {
             let cfg = gemma4::config::Config::from_json(v)?;
@@ -165,14 +146,7 @@ pub const FAMILIES: &[FamilyRow] = &[
         quantized: qwen3::weights::quantized_tensor,
         moe: |v| {
             let cfg = qwen3::config::Config::from_json(v)?;
-            let m = &cfg.moe;
-            let s = moe_shape(
-                m.num_experts,
-                m.num_experts_per_tok,
-                cfg.hidden_size,
-                m.moe_intermediate_size,
-            );
-            Ok(Some((s, Activation::Silu)))
+            Ok(Some((cfg.moe_shape(1), Activation::Silu)))
         },
         load: |ck, v, o, dtype, progress| {
             let cfg = qwen3::config::Config::from_json(v)?;

@@ -32,6 +32,20 @@ pub struct Moe {
     pub moe_intermediate_size: usize,
 }
 
+impl Moe {
+    /// The expert FFN these experts dispatch for `t` tokens of width `hidden_size`.
+    pub fn shape(self, t: usize, hidden_size: usize) -> moek_kernels::Shape {
+        moek_kernels::Shape {
+            t,
+            r: self.top_k_experts,
+            e: self.num_experts,
+            h: hidden_size,
+            f: self.moe_intermediate_size,
+            v: 0,
+        }
+    }
+}
+
 /// Fields carry config.json's key names (candle's style), so a field is found by the key it
 /// reads; `layers` and `moe` gather the per-layer and expert keys.
 #[derive(Clone, Debug, PartialEq)]

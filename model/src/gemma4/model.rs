@@ -124,14 +124,7 @@ impl<W: Float> Model<'_, W> {
     }
 
     pub(super) fn moe_shape(&self, t: usize, moe: Moe) -> Shape {
-        Shape {
-            t,
-            r: moe.top_k_experts,
-            e: moe.num_experts,
-            h: self.cfg.hidden_size,
-            f: moe.moe_intermediate_size,
-            v: 0,
-        }
+        moe.shape(t, self.cfg.hidden_size)
     }
 }
 

@@ -49,6 +49,19 @@ pub struct Config {
 }
 
 impl Config {
+    /// The expert FFN the sparse layers dispatch for `t` tokens.
+    pub fn moe_shape(&self, t: usize) -> moek_kernels::Shape {
+        let m = self.moe;
+        moek_kernels::Shape {
+            t,
+            r: m.num_experts_per_tok,
+            e: m.num_experts,
+            h: self.hidden_size,
+            f: m.moe_intermediate_size,
+            v: 0,
+        }
+    }
+
     /// Reads `dir/config.json`.
     pub fn load(dir: &Path) -> Result<Config, ConfigError> {
         Config::from_json(&crate::config::read(dir)?)

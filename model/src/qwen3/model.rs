@@ -35,15 +35,7 @@ impl<'c, W: Float> Model<'c, W> {
     }
 
     fn moe_shape(&self, t: usize) -> Shape {
-        let m = self.cfg.moe;
-        Shape {
-            t,
-            r: m.num_experts_per_tok,
-            e: m.num_experts,
-            h: self.cfg.hidden_size,
-            f: m.moe_intermediate_size,
-            v: 0,
-        }
+        self.cfg.moe_shape(t)
     }
 }
 
