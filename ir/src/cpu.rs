@@ -6,7 +6,8 @@
 //! given at run time is [`Tables::of`] its IR, handed to the same skeletons. Nothing about a
 //! schedule lives in generated loops, so trying a schedule needs no rebuild.
 
-use crate::{Activation, Bias, DimName, Kernel, Op, Phase, Selection};
+use crate::tensors::Optionals;
+use crate::{Activation, DimName, Kernel, Op, Phase, Selection};
 use std::borrow::Cow;
 
 /// Which loop nest follows the schedule.
@@ -111,8 +112,8 @@ pub struct Tables<'a> {
     /// Dims the spec fixes, with their sizes (a run at another size is refused).
     pub fixed: Cow<'a, [(DimName, usize)]>,
     pub activation: Activation,
-    pub bias: Bias,
-    pub output_gate: bool,
+    /// The optional tensors the spec reads (its biases, its output gate).
+    pub optional: Optionals,
     /// Reduction blocks of H and of F, summed in declared order.
     pub reduce_h: Ranges<'a>,
     pub reduce_f: Ranges<'a>,
@@ -145,8 +146,7 @@ impl Tables<'static> {
                     .collect(),
             ),
             activation: k.activation,
-            bias: k.bias,
-            output_gate: k.output_gate,
+            optional: k.optional,
             reduce_h: ranges(k.reduce_blocks(DimName::H)),
             reduce_f: ranges(k.reduce_blocks(DimName::F)),
             columns_h: ranges(k.column_blocks(DimName::H)),

@@ -4,6 +4,7 @@
 //! stated on each type. The macro embeds a spec's IR as JSON so run-time tools (`moek list`,
 //! `moek emit`) see exactly what the macro saw.
 
+use crate::tensors::{Optional, Optionals};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -24,15 +25,10 @@ pub struct Kernel {
     /// JSON when it is the default, so specs that do not name one serialise as before.
     #[serde(default, skip_serializing_if = "Activation::is_default")]
     pub activation: Activation,
-    /// Per-expert biases the experts add (gpt-oss's); none by default, and then left out of the
-    /// JSON.
-    #[serde(default, skip_serializing_if = "Bias::is_none")]
-    pub bias: Bias,
-    /// A dense MLP's output scaled by `sigmoid(x . output_gate)` per token: Qwen2-MoE's gate on
-    /// its shared experts (which are one dense MLP). Off by default, and then left out of the
-    /// JSON.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub output_gate: bool,
+    /// The optional tensors the spec reads (the op table's rows: gpt-oss's expert biases, a dense
+    /// MLP's output gate); none by default, and then left out of the JSON.
+    #[serde(default, skip_serializing_if = "no_optionals")]
+    pub optional: Optionals,
     /// Values per block of quantized weights (`quant_block`; one of
     /// [`crate::quant::BLOCK_SIZES`], dividing every dim a weight row runs along): 32 unless a
     /// spec declares another, and then left out of the JSON.
@@ -48,31 +44,59 @@ fn is_default_block(b: &usize) -> bool {
     *b == crate::quant::BLOCK
 }
 
-/// Which per-expert biases a routed expert FFN adds: `gate_up_bias [E, 2F]` (gate first) to the
-/// gate/up products before the activation, `down_bias [E, H]` to each route's down product
-/// before the route weight scales it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Bias {
-    pub gate_up: bool,
-    pub down: bool,
+fn no_optionals(o: &Optionals) -> bool {
+    o.is_empty()
 }
 
-impl Bias {
-    pub fn is_none(&self) -> bool {
-        !self.gate_up && !self.down
+/// What a kernel computes apart from its sizes and storage: its op, the activation of its gated
+/// pair, and the optional tensors it reads. A caller asks dispatch for one; a spec serves only
+/// its own ([`Kernel::function`]), compared once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Function {
+    pub op: Op,
+    /// The default for ops without a gated pair, so functions compare by what they compute.
+    pub activation: Activation,
+    pub optional: Optionals,
+}
+
+impl Function {
+    /// `op` with `activation` (ignored by ops without a gated pair) and no optional tensors.
+    pub fn new(op: Op, activation: Activation) -> Function {
+        Function {
+            op,
+            activation: match op.has_activation() {
+                true => activation,
+                false => Activation::default(),
+            },
+            optional: Optionals::NONE,
+        }
+    }
+
+    /// The same function reading the optional tensor `o` too.
+    #[must_use]
+    pub fn with(mut self, o: Optional) -> Function {
+        self.optional = self.optional.with(o);
+        self
     }
 }
 
-impl fmt::Display for Bias {
+/// An op alone: its default activation (gelu_tanh), as a spec that names none has it.
+impl From<Op> for Function {
+    fn from(op: Op) -> Self {
+        Function::new(op, Activation::default())
+    }
+}
+
+impl fmt::Display for Function {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parts: Vec<&str> = [(self.gate_up, "gate_up"), (self.down, "down")]
-            .into_iter()
-            .filter_map(|(on, name)| on.then_some(name))
-            .collect();
-        match parts.is_empty() {
-            true => f.write_str("no biases"),
-            false => write!(f, "biases on {}", parts.join(" and ")),
+        write!(f, "{}", self.op)?;
+        if self.op.has_activation() {
+            write!(f, " with {}", self.activation)?;
         }
+        for o in self.optional.iter() {
+            write!(f, " + {o}")?;
+        }
+        Ok(())
     }
 }
 
@@ -227,6 +251,39 @@ pub enum DType {
     Q4_0Bf16,
 }
 
+/// How an op's tensors are stored: a spec dtype (plain, or weights in blocks beside an
+/// activation dtype) and the values one stored weight element holds (1 plain, the block size
+/// for blocks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Storage {
+    pub dtype: DType,
+    pub values: usize,
+}
+
+impl Storage {
+    /// `dtype` with weights of `block` values a block (ignored, 1, for a plain dtype).
+    pub fn new(dtype: DType, block: usize) -> Storage {
+        let values = if dtype.is_quantized() { block } else { 1 };
+        Storage { dtype, values }
+    }
+}
+
+/// A dtype as specs store it by default: plain, or in blocks of 32 values.
+impl From<DType> for Storage {
+    fn from(dtype: DType) -> Self {
+        Storage::new(dtype, crate::quant::BLOCK)
+    }
+}
+
+impl fmt::Display for Storage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.values {
+            1 => write!(f, "{}", self.dtype),
+            n => write!(f, "{} in blocks of {n}", self.dtype),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Target {
@@ -367,6 +424,14 @@ impl Kernel {
         self.schedule.columns.iter().find(|b| b.dim == dim)
     }
 
+    /// What the spec computes: the one thing dispatch compares with what a caller asks for.
+    pub fn function(&self) -> Function {
+        Function {
+            optional: self.optional,
+            ..Function::new(self.op, self.activation)
+        }
+    }
+
     /// One line for `moek list`: name, op, dims, dtypes, targets, schedule summary.
     pub fn summary(&self) -> String {
         let dims: Vec<String> = self.dims.iter().map(Dim::to_string).collect();
@@ -389,10 +454,17 @@ impl Kernel {
         if self.activation != Activation::default() {
             parts.insert(0, format!("activation {}", self.activation));
         }
-        if !self.bias.is_none() {
-            parts.push(self.bias.to_string());
+        if self.optional.has(Optional::GateUpBias) || self.optional.has(Optional::DownBias) {
+            let on: Vec<&str> = [
+                (Optional::GateUpBias, "gate_up"),
+                (Optional::DownBias, "down"),
+            ]
+            .into_iter()
+            .filter_map(|(o, name)| self.optional.has(o).then_some(name))
+            .collect();
+            parts.push(format!("biases on {}", on.join(" and ")));
         }
-        if self.output_gate {
+        if self.optional.has(Optional::OutputGate) {
             parts.push("output_gate sigmoid".into());
         }
         if self.quant_block != crate::quant::BLOCK {

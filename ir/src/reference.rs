@@ -99,7 +99,8 @@ impl Shape {
     }
 }
 
-/// The per-expert biases of a routed expert FFN, if it has them (`Kernel::bias`):
+/// The per-expert biases of a routed expert FFN, if it has them (the optional tensors
+/// `gate_up_bias` and `down_bias`):
 /// `gate_up [E, 2F]` (gate first) and `down [E, H]`.
 #[derive(Clone, Copy, Debug)]
 pub struct Biases<'a, W> {
@@ -117,12 +118,16 @@ impl<W> Default for Biases<'_, W> {
 }
 
 impl<W> Biases<'_, W> {
-    /// Which biases are present.
-    pub fn kinds(&self) -> crate::Bias {
-        crate::Bias {
-            gate_up: self.gate_up.is_some(),
-            down: self.down.is_some(),
-        }
+    /// Which biases are present, as optional tensors.
+    pub fn kinds(&self) -> crate::tensors::Optionals {
+        use crate::tensors::Optional;
+        [
+            (Optional::GateUpBias, self.gate_up.is_some()),
+            (Optional::DownBias, self.down.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(o, on)| on.then_some(o))
+        .collect()
     }
 }
 

@@ -434,30 +434,15 @@ pub fn run(
         .run(backend.resident.as_ref(), entry, shape, inputs, out)
 }
 
-/// A spec computes its biases and output gate or none: inputs with others are another function.
+/// A spec reads its optional tensors (biases, output gate) and no others: inputs with others
+/// ask for another function.
 fn same_optional_tensors(entry: &KernelEntry, inputs: &AnyInputs<'_, '_>) -> Result<(), String> {
-    let (spec, given) = (entry.ir().bias, inputs.bias);
-    if spec != given {
-        return Err(format!(
-            "`{}` adds {spec}, but the inputs carry {given}",
+    let (spec, given) = (entry.ir().optional, inputs.optional);
+    match spec == given {
+        true => Ok(()),
+        false => Err(format!(
+            "`{}` reads {spec}, but the inputs carry {given}",
             entry.name()
-        ));
+        )),
     }
-    if entry.ir().output_gate != inputs.output_gate {
-        return Err(format!(
-            "`{}` {} an output gate, but the inputs {}",
-            entry.name(),
-            if entry.ir().output_gate {
-                "has"
-            } else {
-                "has no"
-            },
-            if inputs.output_gate {
-                "carry one"
-            } else {
-                "carry none"
-            },
-        ));
-    }
-    Ok(())
 }

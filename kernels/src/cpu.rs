@@ -7,9 +7,13 @@ use crate::elem::{Elem, QuantAct, QuantElem};
 use crate::inputs::{AnyInputs, Inputs};
 use moek_cpu::skeleton::{self, Bank, Routes};
 use moek_cpu::{Element, Weight};
-use moek_ir::DType;
 use moek_ir::cpu::{Skeleton, Tables};
 use moek_ir::reference::Shape;
+use moek_ir::tensors::{
+    ACT, DENSE_DOWN, DENSE_GATE, DENSE_UP, DOWN, EMB, GATE_UP, HIDDEN, IDX, Optional,
+    ROUTE_WEIGHTS, X,
+};
+use moek_ir::{DType, Op};
 
 /// Runs a schedule whose skeleton reads weights only through products
 /// ([`Skeleton::reads_weights_apart`]): any stored weight `W` beside activations in `A`.
@@ -21,58 +25,40 @@ pub fn run_gathered<W: Weight, A: Element>(
     out: &mut [f32],
 ) -> Option<u32> {
     t.check_shape(s);
+    let i = *inputs;
     // The parallel loops are joined from a worker (see `moek_cpu::pool`).
-    moek_cpu::on_pool(move || match (t.skeleton, *inputs) {
-        (Skeleton::GateUp, Inputs::GateUp { x, idx, gate_up }) => {
-            skeleton::gate_up(t, s, x, idx, gate_up, out);
+    moek_cpu::on_pool(move || match (t.skeleton, i.op()) {
+        (Skeleton::GateUp, Op::GateUp) => {
+            skeleton::gate_up(t, s, i.act(&X), i.indices(&IDX), i.weight(&GATE_UP), out);
             None
         }
-        (
-            Skeleton::Down,
-            Inputs::Down {
-                act,
-                idx,
-                weights,
-                down,
-            },
-        ) => {
-            skeleton::down(t, s, act, Routes { idx, weights }, down, out);
+        (Skeleton::Down, Op::Down) => {
+            let routes = Routes {
+                idx: i.indices(&IDX),
+                weights: i.f32s(&ROUTE_WEIGHTS),
+            };
+            skeleton::down(t, s, i.f32s(&ACT), routes, i.weight(&DOWN), out);
             None
         }
-        (
-            sk @ (Skeleton::Gathered | Skeleton::RouteOwned),
-            Inputs::ExpertFfn {
-                x,
-                idx,
-                weights,
-                gate_up,
-                down,
-                bias,
-            },
-        ) => {
-            let (routes, bank) = (
-                Routes { idx, weights },
-                Bank {
-                    gate_up,
-                    down,
-                    bias,
-                },
-            );
+        (sk @ (Skeleton::Gathered | Skeleton::RouteOwned), Op::ExpertFfn) => {
+            let (routes, bank) = expert_ffn(&i);
             match sk {
-                Skeleton::RouteOwned => skeleton::route_owned_ffn(t, s, x, routes, bank, out),
-                _ => skeleton::gathered_ffn(t, s, x, routes, bank, out),
+                Skeleton::RouteOwned => {
+                    skeleton::route_owned_ffn(t, s, i.act(&X), routes, bank, out)
+                }
+                _ => skeleton::gathered_ffn(t, s, i.act(&X), routes, bank, out),
             }
             None
         }
-        (
-            Skeleton::LmHeadRow,
-            Inputs::LmHeadRow {
-                hidden,
-                emb,
-                softcap,
-            },
-        ) => Some(skeleton::lm_head_row(t, s, hidden, emb, softcap, out)),
-        (sk, inputs) => mismatch(t, sk, inputs.op()),
+        (Skeleton::LmHeadRow, Op::LmHeadRow) => Some(skeleton::lm_head_row(
+            t,
+            s,
+            i.act(&HIDDEN),
+            i.weight(&EMB),
+            i.softcap(),
+            out,
+        )),
+        (sk, op) => mismatch(t, sk, op),
     })
 }
 
@@ -85,46 +71,39 @@ pub fn run_gemm<W: Element>(
     out: &mut [f32],
 ) -> Option<u32> {
     t.check_shape(s);
+    let i = *inputs;
     moek_cpu::on_pool(move || {
-        match (t.skeleton, *inputs) {
-            (
-                sk @ (Skeleton::Grouped | Skeleton::Persistent),
-                Inputs::ExpertFfn {
-                    x,
-                    idx,
-                    weights,
-                    gate_up,
-                    down,
-                    bias,
-                },
-            ) => {
-                let (routes, bank) = (
-                    Routes { idx, weights },
-                    Bank {
-                        gate_up,
-                        down,
-                        bias,
-                    },
-                );
+        match (t.skeleton, i.op()) {
+            (sk @ (Skeleton::Grouped | Skeleton::Persistent), Op::ExpertFfn) => {
+                let (routes, bank) = expert_ffn(&i);
                 match sk {
-                    Skeleton::Grouped => skeleton::grouped_ffn(t, s, x, routes, bank, out),
-                    _ => skeleton::persistent_ffn(t, s, x, routes, bank, out),
+                    Skeleton::Grouped => skeleton::grouped_ffn(t, s, i.act(&X), routes, bank, out),
+                    _ => skeleton::persistent_ffn(t, s, i.act(&X), routes, bank, out),
                 }
             }
-            (
-                Skeleton::DenseMlp,
-                Inputs::DenseMlp {
-                    x,
-                    gate,
-                    up,
-                    down,
-                    output_gate,
-                },
-            ) => skeleton::dense_mlp(t, s, x, [gate, up, down], output_gate, out),
-            (sk, inputs) => mismatch(t, sk, inputs.op()),
+            (Skeleton::DenseMlp, Op::DenseMlp) => {
+                let weights = [DENSE_GATE, DENSE_UP, DENSE_DOWN].map(|row| i.weight(&row));
+                let gate = i.optional_weight(Optional::OutputGate);
+                skeleton::dense_mlp(t, s, i.act(&X), weights, gate, out)
+            }
+            (sk, op) => mismatch(t, sk, op),
         };
         None
     })
+}
+
+/// An expert FFN's routes and banks, its biases included.
+fn expert_ffn<'a, W, A>(i: &Inputs<'a, W, A>) -> (Routes<'a>, Bank<'a, W>) {
+    let routes = Routes {
+        idx: i.indices(&IDX),
+        weights: i.f32s(&ROUTE_WEIGHTS),
+    };
+    let bank = Bank {
+        gate_up: i.weight(&GATE_UP),
+        down: i.weight(&DOWN),
+        bias: i.biases(),
+    };
+    (routes, bank)
 }
 
 fn mismatch(t: &Tables, sk: Skeleton, op: moek_ir::Op) -> ! {

@@ -11,7 +11,7 @@ use crate::elem::{Elem, QuantAct, QuantElem, quantized_dtype};
 use crate::inputs::{AnyInputs, InputError, Inputs};
 use crate::registry::{KernelEntry, Rank, Registry};
 use moek_ir::reference::Shape;
-use moek_ir::{Activation, Bias, Capability, DType, Kernel, Op, Target};
+use moek_ir::{Capability, DType, Function, Kernel, Op, Storage, Target};
 use std::fmt;
 use std::sync::Arc;
 use thiserror::Error;
@@ -97,25 +97,19 @@ impl Backend {
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 pub enum Ineligible {
     #[error("computes `{spec}`, not `{wanted}`")]
-    Op { spec: Op, wanted: Op },
-    #[error("computes `{wanted}` with {spec}, not {wanted_act}")]
-    Activation {
-        spec: Activation,
-        wanted: Op,
-        wanted_act: Activation,
-    },
-    #[error("{}", if *spec { "has an output gate, which was not asked for" } else { "has no output gate" })]
-    OutputGate { spec: bool },
-    #[error("adds {spec}, not {wanted}")]
-    Bias { spec: Bias, wanted: Bias },
+    Function { spec: Function, wanted: Function },
     #[error("does not target {target}")]
     Target { target: Target },
     #[error("needs the `{target}` backend, which this build lacks (cargo feature `{target}`)")]
     NotCompiled { target: Target },
     #[error("has no {dtype} variant (dtypes: {supported})")]
     DType { dtype: DType, supported: String },
-    #[error("reads quantized weights in blocks of {spec} values, not {wanted}")]
-    QuantBlock { spec: usize, wanted: usize },
+    #[error("reads {dtype} weights in blocks of {spec} values, not {wanted}")]
+    QuantBlock {
+        dtype: DType,
+        spec: usize,
+        wanted: usize,
+    },
     #[error("serves {dim} in {range}, the problem has {dim}={got}")]
     Range {
         dim: moek_ir::DimName,
@@ -181,84 +175,21 @@ pub enum DispatchError {
     Backend(String),
 }
 
-/// What a caller wants computed: an op and, for gated ops, its activation. An `Op` alone asks
-/// for the default activation (gelu_tanh), as a spec that names none has it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Task {
-    pub op: Op,
-    pub activation: Activation,
-    /// The experts' biases (none by default): a spec serves only the biases it declares.
-    pub bias: Bias,
-    /// A dense MLP's sigmoid output gate (off by default), served only by a spec with one.
-    pub output_gate: bool,
-    /// Values per block of quantized weights (32 by default): a quantized variant reads only
-    /// the block size its spec declares. Plain dtypes ignore it.
-    pub quant_block: usize,
-}
-
-impl Task {
-    /// What `k` computes: its op, activation, biases and output gate.
-    pub fn of(k: &Kernel) -> Task {
-        Task {
-            op: k.op,
-            activation: k.activation,
-            bias: k.bias,
-            output_gate: k.output_gate,
-            quant_block: k.quant_block,
-        }
-    }
-}
-
-impl From<Op> for Task {
-    fn from(op: Op) -> Self {
-        Task {
-            op,
-            activation: Activation::default(),
-            bias: Bias::default(),
-            output_gate: false,
-            quant_block: moek_ir::quant::BLOCK,
-        }
-    }
-}
-
-/// Whether `entry` can serve `task` on `backend` for `dtype` and `shape`, or why not.
+/// Whether `entry` can serve `function` on `backend`, stored as `storage`, at `shape`, or why
+/// not.
 pub fn eligible(
     entry: &KernelEntry,
     backend: &Backend,
-    task: impl Into<Task>,
-    dtype: DType,
+    function: impl Into<Function>,
+    storage: impl Into<Storage>,
     shape: &Shape,
 ) -> Result<(), Ineligible> {
     let k = entry.ir();
-    let Task {
-        op,
-        activation,
-        bias,
-        output_gate,
-        quant_block,
-    } = task.into();
-    if k.op != op {
-        return Err(Ineligible::Op {
-            spec: k.op,
-            wanted: op,
-        });
-    }
-    if op.has_activation() && k.activation != activation {
-        return Err(Ineligible::Activation {
-            spec: k.activation,
-            wanted: op,
-            wanted_act: activation,
-        });
-    }
-    if k.output_gate != output_gate {
-        return Err(Ineligible::OutputGate {
-            spec: k.output_gate,
-        });
-    }
-    if k.bias != bias {
-        return Err(Ineligible::Bias {
-            spec: k.bias,
-            wanted: bias,
+    let (wanted, storage) = (function.into(), storage.into());
+    if k.function() != wanted {
+        return Err(Ineligible::Function {
+            spec: k.function(),
+            wanted,
         });
     }
     if !k.targets.contains(&backend.target) {
@@ -271,6 +202,7 @@ pub fn eligible(
             target: backend.target,
         });
     }
+    let dtype = storage.dtype;
     if !k.dtypes.contains(&dtype) {
         let supported = k
             .dtypes
@@ -280,10 +212,11 @@ pub fn eligible(
             .join(", ");
         return Err(Ineligible::DType { dtype, supported });
     }
-    if dtype.is_quantized() && k.quant_block != quant_block {
+    if dtype.is_quantized() && k.quant_block != storage.values {
         return Err(Ineligible::QuantBlock {
+            dtype,
             spec: k.quant_block,
-            wanted: quant_block,
+            wanted: storage.values,
         });
     }
     for d in &k.dims {
@@ -320,17 +253,17 @@ pub fn eligible(
     Ok(())
 }
 
-/// Picks the variant for `task` (or checks the `requested` one) and records why.
+/// Picks the variant for `function` (or checks the `requested` one) and records why.
 pub fn choose(
     registry: &Registry,
     backend: &Backend,
-    task: impl Into<Task>,
-    dtype: DType,
+    function: impl Into<Function>,
+    storage: impl Into<Storage>,
     shape: &Shape,
     requested: Option<&str>,
 ) -> Result<Choice, DispatchError> {
-    let task = task.into();
-    let op = task.op;
+    let (function, storage) = (function.into(), storage.into());
+    let (op, dtype) = (function.op, storage.dtype);
     let of_op: Vec<(Rank, &KernelEntry)> =
         registry.ranked().filter(|(_, e)| e.ir().op == op).collect();
     let mut choice = Choice {
@@ -353,7 +286,7 @@ pub fn choose(
                 valid,
             });
         };
-        eligible(entry, backend, task, dtype, shape).map_err(|reason| {
+        eligible(entry, backend, function, storage, shape).map_err(|reason| {
             DispatchError::Requested {
                 name: name.to_string(),
                 reason,
@@ -366,7 +299,7 @@ pub fn choose(
     // In rank order: an equally specific entry later in the list never displaces the first.
     let mut best: Option<(&KernelEntry, Rank, (usize, usize, usize))> = None;
     for &(rank, entry) in &of_op {
-        match eligible(entry, backend, task, dtype, shape) {
+        match eligible(entry, backend, function, storage, shape) {
             Err(reason) => choice
                 .passed_over
                 .push((entry.name().to_string(), format!("it {reason}"))),
@@ -437,8 +370,9 @@ fn specificity(k: &Kernel) -> (usize, usize, usize) {
     )
 }
 
-/// Runs the chosen (or requested) variant of the inputs' op with the default activation:
-/// inputs are validated and the choice is made before any output is written.
+/// Runs the chosen (or requested) variant of the inputs' op, with the default activation and
+/// the optional tensors the inputs carry: inputs are validated and the choice is made before
+/// any output is written.
 pub fn run<W: Elem>(
     registry: &Registry,
     backend: &Backend,
@@ -447,67 +381,63 @@ pub fn run<W: Elem>(
     out: &mut [f32],
     requested: Option<&str>,
 ) -> Result<(Choice, backend::Ran), DispatchError> {
-    let task = Task {
-        bias: inputs.bias(),
-        output_gate: inputs.output_gate(),
-        ..Task::from(inputs.op())
-    };
-    run_task(registry, backend, task, shape, inputs, out, requested)
+    let function = inputs.function(Default::default());
+    run_function(registry, backend, function, shape, inputs, out, requested)
 }
 
-/// [`run`] for `task`: the inputs' op with the activation `task` names.
-pub fn run_task<W: Elem>(
+/// [`run`] for `function`: the inputs' op and optional tensors, with its activation.
+pub fn run_function<W: Elem>(
     registry: &Registry,
     backend: &Backend,
-    task: Task,
+    function: Function,
     shape: &Shape,
     inputs: &Inputs<'_, W>,
     out: &mut [f32],
     requested: Option<&str>,
 ) -> Result<(Choice, backend::Ran), DispatchError> {
     let inputs = AnyInputs::new(inputs, W::DTYPE);
-    run_any(registry, backend, task, shape, &inputs, out, requested)
+    run_any(registry, backend, function, shape, &inputs, out, requested)
 }
 
-/// [`run_task`] for weights in blocks of `Q` beside activations in `A` (the quantized dtypes).
+/// [`run_function`] for weights in blocks of `Q` beside activations in `A` (the quantized
+/// dtypes).
 pub fn run_quantized<Q: QuantElem, A: QuantAct>(
     registry: &Registry,
     backend: &Backend,
-    task: Task,
+    function: Function,
     shape: &Shape,
     inputs: &Inputs<'_, Q, A>,
     out: &mut [f32],
     requested: Option<&str>,
 ) -> Result<(Choice, backend::Ran), DispatchError> {
     let inputs = AnyInputs::new(inputs, quantized_dtype::<Q, A>());
-    run_any(registry, backend, task, shape, &inputs, out, requested)
+    run_any(registry, backend, function, shape, &inputs, out, requested)
 }
 
-/// The one run path, for inputs of any storage: the choice for `task` is made and the inputs
+/// The one run path, for inputs of any storage: the choice for `function` is made and the inputs
 /// validated before anything runs, so a refusal leaves `out` untouched.
 pub fn run_any(
     registry: &Registry,
     backend: &Backend,
-    task: Task,
+    function: Function,
     shape: &Shape,
     inputs: &AnyInputs<'_, '_>,
     out: &mut [f32],
     requested: Option<&str>,
 ) -> Result<(Choice, backend::Ran), DispatchError> {
-    assert_eq!(task.op, inputs.op, "a task runs on its own op's inputs");
     assert_eq!(
-        task.bias, inputs.bias,
-        "a task names the biases its inputs carry"
+        (function.op, function.optional),
+        (inputs.op, inputs.optional),
+        "a function runs on inputs of its own op, with its own optional tensors"
     );
-    assert_eq!(
-        task.output_gate, inputs.output_gate,
-        "a task names the output gate its inputs carry"
-    );
-    assert!(
-        !inputs.dtype.is_quantized() || task.quant_block == inputs.values,
-        "a task names the block size its weights are stored in"
-    );
-    let choice = choose(registry, backend, task, inputs.dtype, shape, requested)?;
+    let choice = choose(
+        registry,
+        backend,
+        function,
+        inputs.storage(),
+        shape,
+        requested,
+    )?;
     inputs.validate(shape, out.len())?;
     let entry = registry
         .get(&choice.kernel)

@@ -5,64 +5,258 @@
 use moek_ir::quant::Packed;
 use moek_ir::reference::Biases;
 use moek_ir::reference::Shape;
-use moek_ir::tensors::ElemClass;
-use moek_ir::tensors::TensorDef;
-use moek_ir::{Bias, DType, Op};
+use moek_ir::tensors::{ElemClass, MAX_TENSORS, Optional, Optionals, TensorDef};
+use moek_ir::{Activation, DType, Function, Op};
 use std::any::TypeId;
 use std::marker::PhantomData;
 use thiserror::Error;
 
 /// An op's inputs, row-major, in the checkpoint's own layouts: weights in `W`, activations in
 /// `A` (the op table's two element classes). Plain dtypes take `A = W`, the default;
-/// block-quantized weights (`W` a block of [`moek_ir::quant`]) come beside f32 activations, and
-/// a weight slice then holds blocks, a row's values `BLOCK` to a block.
-#[derive(Clone, Copy, Debug)]
-pub enum Inputs<'a, W, A = W> {
+/// block-quantized weights (`W` a block of [`moek_ir::quant`]) come beside f32 or bf16
+/// activations, and a weight slice then holds blocks, a row's values `BLOCK` to a block.
+///
+/// Each tensor sits in its slot of the op table ([`Op::tensors`]): a constructor per op takes the
+/// tensors every spec of it reads, [`Inputs::with`] adds an optional one, and a tensor is read
+/// back by its row ([`Inputs::weight`], ...).
+#[derive(Debug)]
+pub struct Inputs<'a, W, A = W> {
+    op: Op,
+    optional: Optionals,
+    slots: [Option<Bound<'a, W, A>>; MAX_TENSORS],
+    /// The LM head's final softcap (`cap * tanh(x / cap)`), if the model has one (Gemma does).
+    softcap: Option<f32>,
+}
+
+impl<W, A> Clone for Inputs<'_, W, A> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<W, A> Copy for Inputs<'_, W, A> {}
+
+impl<'a, W, A> Inputs<'a, W, A> {
+    fn of(op: Op, bound: &[Bound<'a, W, A>]) -> Self {
+        let mut slots = [None; MAX_TENSORS];
+        for (slot, b) in slots.iter_mut().zip(bound) {
+            *slot = Some(*b);
+        }
+        Inputs {
+            op,
+            optional: Optionals::NONE,
+            slots,
+            softcap: None,
+        }
+    }
+
+    /// `op`'s inputs carrying `optional`, each tensor the table binds taken from `tensor` (by
+    /// its row): for code that draws or loads tensors by the table, as the test harness does.
+    pub fn from_table(
+        op: Op,
+        optional: Optionals,
+        softcap: Option<f32>,
+        mut tensor: impl FnMut(&'static TensorDef) -> Bound<'a, W, A>,
+    ) -> Self {
+        let mut slots = [None; MAX_TENSORS];
+        for (slot, row) in op.bound(optional) {
+            slots[slot] = Some(tensor(row));
+        }
+        Inputs {
+            op,
+            optional,
+            slots,
+            softcap,
+        }
+    }
+
     /// `x [T, H]`, `idx [T, R]`, `gate_up [E, 2F, H]` (gate rows first).
-    GateUp {
-        x: &'a [A],
-        idx: &'a [u32],
-        gate_up: &'a [W],
-    },
+    pub fn gate_up(x: &'a [A], idx: &'a [u32], gate_up: &'a [W]) -> Self {
+        use Bound::*;
+        Inputs::of(Op::GateUp, &[Act(x), Index(idx), Weight(gate_up)])
+    }
+
     /// `act [T, R, F]` (f32), `idx [T, R]`, `weights [T, R]`, `down [E, H, F]`.
-    Down {
-        act: &'a [f32],
-        idx: &'a [u32],
-        weights: &'a [f32],
-        down: &'a [W],
-    },
-    /// `x [T, H]`, `idx [T, R]`, `weights [T, R]`, `gate_up [E, 2F, H]`, `down [E, H, F]`, and
-    /// the experts' biases if they have them (only a spec that declares the same biases runs
-    /// them).
-    ExpertFfn {
+    pub fn down(act: &'a [f32], idx: &'a [u32], weights: &'a [f32], down: &'a [W]) -> Self {
+        use Bound::*;
+        Inputs::of(
+            Op::Down,
+            &[F32(act), Index(idx), F32(weights), Weight(down)],
+        )
+    }
+
+    /// `x [T, H]`, `idx [T, R]`, `weights [T, R]`, `gate_up [E, 2F, H]`, `down [E, H, F]`; the
+    /// experts' biases, if they have them, through [`Inputs::with_biases`].
+    pub fn expert_ffn(
         x: &'a [A],
         idx: &'a [u32],
         weights: &'a [f32],
         gate_up: &'a [W],
         down: &'a [W],
-        bias: Biases<'a, W>,
-    },
-    /// `x [T, H]`, `gate [F, H]`, `up [F, H]`, `down [H, F]`, and the output gate `[H]` if the
-    /// MLP has one (Qwen2-MoE's shared experts: `sigmoid(x . output_gate)` scales each row).
-    DenseMlp {
-        x: &'a [A],
-        gate: &'a [W],
-        up: &'a [W],
-        down: &'a [W],
-        output_gate: Option<&'a [W]>,
-    },
+    ) -> Self {
+        use Bound::*;
+        Inputs::of(
+            Op::ExpertFfn,
+            &[
+                Act(x),
+                Index(idx),
+                F32(weights),
+                Weight(gate_up),
+                Weight(down),
+            ],
+        )
+    }
+
+    /// `x [T, H]`, `gate [F, H]`, `up [F, H]`, `down [H, F]`; the output gate `[H]`, if the MLP
+    /// has one, through [`Inputs::with`].
+    pub fn dense_mlp(x: &'a [A], gate: &'a [W], up: &'a [W], down: &'a [W]) -> Self {
+        use Bound::*;
+        Inputs::of(
+            Op::DenseMlp,
+            &[Act(x), Weight(gate), Weight(up), Weight(down)],
+        )
+    }
+
     /// `hidden [T, H]` (only row T-1 is read), `emb [V, H]`, and the final softcap
     /// (`cap * tanh(x / cap)`), if the model has one (Gemma does; Qwen3, Mixtral, DeepSeek and
     /// gpt-oss do not).
-    LmHeadRow {
-        hidden: &'a [A],
-        emb: &'a [W],
-        softcap: Option<f32>,
-    },
+    pub fn lm_head_row(hidden: &'a [A], emb: &'a [W], softcap: Option<f32>) -> Self {
+        Inputs {
+            softcap,
+            ..Inputs::of(Op::LmHeadRow, &[Bound::Act(hidden), Bound::Weight(emb)])
+        }
+    }
+
+    /// The same inputs with the optional tensor `o` (a weight of the op's table).
+    ///
+    /// # Panics
+    /// If the op has no such optional tensor.
+    #[must_use]
+    pub fn with(mut self, o: Optional, w: &'a [W]) -> Self {
+        let slot = self.op.tensors().iter().position(|t| t.when == Some(o));
+        let slot = slot.unwrap_or_else(|| panic!("`{}` has no optional `{o}`", self.op));
+        self.slots[slot] = Some(Bound::Weight(w));
+        self.optional = self.optional.with(o);
+        self
+    }
+
+    /// The same inputs with the experts' biases that `bias` holds.
+    #[must_use]
+    pub fn with_biases(self, bias: Biases<'a, W>) -> Self {
+        let pairs = [
+            (Optional::GateUpBias, bias.gate_up),
+            (Optional::DownBias, bias.down),
+        ];
+        pairs.into_iter().fold(self, |i, (o, b)| match b {
+            Some(w) => i.with(o, w),
+            None => i,
+        })
+    }
+
+    pub fn op(&self) -> Op {
+        self.op
+    }
+
+    /// The optional tensors these inputs carry.
+    pub fn optional(&self) -> Optionals {
+        self.optional
+    }
+
+    /// What these inputs ask dispatch for with `activation`: their op and optional tensors.
+    pub fn function(&self, activation: Activation) -> Function {
+        Function {
+            optional: self.optional,
+            ..Function::new(self.op, activation)
+        }
+    }
+
+    /// The final logit softcap, for the LM head with one (`None` for every other op).
+    pub fn softcap(&self) -> Option<f32> {
+        self.softcap
+    }
+
+    /// The tensor in `row`'s slot, if bound.
+    pub fn get(&self, row: &TensorDef) -> Option<Bound<'a, W, A>> {
+        self.slots[self.op.slot(row)?]
+    }
+
+    fn expect(&self, row: &TensorDef) -> Bound<'a, W, A> {
+        self.get(row)
+            .unwrap_or_else(|| panic!("`{}` inputs bind no `{}`", self.op, row.name))
+    }
+
+    /// The activations in `row`'s slot.
+    ///
+    /// # Panics
+    /// If the slot is empty or holds another element class (as for every accessor below).
+    pub fn act(&self, row: &TensorDef) -> &'a [A] {
+        match self.expect(row) {
+            Bound::Act(v) => v,
+            _ => panic!("`{}` is not an activation", row.name),
+        }
+    }
+
+    /// The weights in `row`'s slot.
+    pub fn weight(&self, row: &TensorDef) -> &'a [W] {
+        match self.expect(row) {
+            Bound::Weight(v) => v,
+            _ => panic!("`{}` is not a weight", row.name),
+        }
+    }
+
+    /// The f32 tensor in `row`'s slot.
+    pub fn f32s(&self, row: &TensorDef) -> &'a [f32] {
+        match self.expect(row) {
+            Bound::F32(v) => v,
+            _ => panic!("`{}` is not an f32 tensor", row.name),
+        }
+    }
+
+    /// The route indices in `row`'s slot.
+    pub fn indices(&self, row: &TensorDef) -> &'a [u32] {
+        match self.expect(row) {
+            Bound::Index(v) => v,
+            _ => panic!("`{}` is not an index tensor", row.name),
+        }
+    }
+
+    /// The optional weight `o`, if these inputs carry it.
+    pub fn optional_weight(&self, o: Optional) -> Option<&'a [W]> {
+        let row = self.op.tensors().iter().find(|t| t.when == Some(o))?;
+        self.optional.has(o).then(|| self.weight(row))
+    }
+
+    /// The experts' biases these inputs carry.
+    pub fn biases(&self) -> Biases<'a, W> {
+        Biases {
+            gate_up: self.optional_weight(Optional::GateUpBias),
+            down: self.optional_weight(Optional::DownBias),
+        }
+    }
+
+    /// The tensors bound, as the op table defines them, in binding order.
+    pub fn defs(&self) -> Vec<&'static TensorDef> {
+        self.op.bound(self.optional).map(|(_, t)| t).collect()
+    }
+
+    /// The tensors in the order of [`Inputs::defs`].
+    pub fn bound(&self) -> Vec<Bound<'a, W, A>> {
+        self.op
+            .bound(self.optional)
+            .map(|(slot, t)| {
+                self.slots[slot].unwrap_or_else(|| panic!("`{}` is not bound", t.name))
+            })
+            .collect()
+    }
+
+    /// The tensor the op's table names `name`, if bound.
+    pub fn named(&self, name: &str) -> Option<Bound<'a, W, A>> {
+        self.get(self.op.tensor(name)?)
+    }
 }
 
 /// One bound tensor, as its element class carries it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub enum Bound<'a, W, A = W> {
     /// Activations, in `A`.
     Act(&'a [A]),
@@ -71,6 +265,15 @@ pub enum Bound<'a, W, A = W> {
     F32(&'a [f32]),
     Index(&'a [u32]),
 }
+
+// By hand: a derive would ask `W: Copy` of slices that are always `Copy`.
+impl<W, A> Clone for Bound<'_, W, A> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<W, A> Copy for Bound<'_, W, A> {}
 
 impl<'a, W: bytemuck::Pod, A: bytemuck::Pod> Bound<'a, W, A> {
     pub fn len(&self) -> usize {
@@ -141,99 +344,6 @@ pub enum InputError {
 }
 
 impl<'a, W: Packed, A: bytemuck::Pod> Inputs<'a, W, A> {
-    pub fn op(&self) -> Op {
-        match self {
-            Inputs::GateUp { .. } => Op::GateUp,
-            Inputs::Down { .. } => Op::Down,
-            Inputs::ExpertFfn { .. } => Op::ExpertFfn,
-            Inputs::DenseMlp { .. } => Op::DenseMlp,
-            Inputs::LmHeadRow { .. } => Op::LmHeadRow,
-        }
-    }
-
-    /// The biases these inputs carry (none but for a biased expert FFN).
-    pub fn bias(&self) -> Bias {
-        match self {
-            Inputs::ExpertFfn { bias, .. } => bias.kinds(),
-            _ => Bias::default(),
-        }
-    }
-
-    /// Whether these inputs carry a dense MLP's output gate.
-    pub fn output_gate(&self) -> bool {
-        matches!(
-            self,
-            Inputs::DenseMlp {
-                output_gate: Some(_),
-                ..
-            }
-        )
-    }
-
-    /// The tensors bound, as the op table defines them ([`Op::tensors_with`] the optional ones).
-    pub fn defs(&self) -> Vec<&'static TensorDef> {
-        self.op().tensors_with(self.bias(), self.output_gate())
-    }
-
-    /// The tensors in the order of [`Inputs::defs`].
-    pub fn bound(&self) -> Vec<Bound<'a, W, A>> {
-        use Bound::{Act, F32, Index, Weight};
-        match *self {
-            Inputs::GateUp { x, idx, gate_up } => vec![Act(x), Index(idx), Weight(gate_up)],
-            Inputs::Down {
-                act,
-                idx,
-                weights,
-                down,
-            } => vec![F32(act), Index(idx), F32(weights), Weight(down)],
-            Inputs::ExpertFfn {
-                x,
-                idx,
-                weights,
-                gate_up,
-                down,
-                bias,
-            } => {
-                let mut all = vec![
-                    Act(x),
-                    Index(idx),
-                    F32(weights),
-                    Weight(gate_up),
-                    Weight(down),
-                ];
-                all.extend(bias.gate_up.map(Weight));
-                all.extend(bias.down.map(Weight));
-                all
-            }
-            Inputs::DenseMlp {
-                x,
-                gate,
-                up,
-                down,
-                output_gate,
-            } => {
-                let mut all = vec![Act(x), Weight(gate), Weight(up), Weight(down)];
-                all.extend(output_gate.map(Weight));
-                all
-            }
-            Inputs::LmHeadRow { hidden, emb, .. } => vec![Act(hidden), Weight(emb)],
-        }
-    }
-
-    /// The tensor the op's table names `name`, if the op has one.
-    pub fn named(&self, name: &str) -> Option<Bound<'a, W, A>> {
-        let i = self.defs().iter().position(|t| t.name == name)?;
-        Some(self.bound()[i])
-    }
-
-    /// The final logit softcap, for the LM head with one (`None` for every other op).
-    pub fn softcap(&self) -> Option<f32> {
-        match *self {
-            Inputs::LmHeadRow { softcap, .. } => softcap,
-            _ => None,
-        }
-    }
-
     /// Checks every tensor's length, every route index and the output's length against `s`.
     pub fn validate(&self, s: &Shape, out_len: usize) -> Result<(), InputError> {
         check(self.op(), &tensors(self), s, out_len)
@@ -346,8 +456,8 @@ pub struct AnyInputs<'i, 'a> {
     /// Values per stored weight element: 1 for plain dtypes, the block size for blocks.
     pub values: usize,
     pub op: Op,
-    pub bias: Bias,
-    pub output_gate: bool,
+    /// The optional tensors the inputs carry.
+    pub optional: Optionals,
     pub softcap: Option<f32>,
     tensors: Vec<AnyTensor<'a>>,
     /// `(W, A)` of the `Inputs<'a, W, A>` behind `ptr`.
@@ -366,14 +476,18 @@ impl<'i, 'a> AnyInputs<'i, 'a> {
             dtype,
             values: W::VALUES,
             op: inputs.op(),
-            bias: inputs.bias(),
-            output_gate: inputs.output_gate(),
+            optional: inputs.optional(),
             softcap: inputs.softcap(),
             tensors: tensors(inputs),
             types: TypeId::of::<(W, A)>(),
             ptr: (inputs as *const Inputs<'a, W, A>).cast(),
             _inputs: PhantomData,
         }
+    }
+
+    /// How the tensors are stored.
+    pub fn storage(&self) -> moek_ir::Storage {
+        moek_ir::Storage::new(self.dtype, self.values)
     }
 
     /// The tensors as bytes, in the op table's order.

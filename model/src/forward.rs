@@ -5,11 +5,11 @@
 use crate::ops::{Float, to_w};
 use crate::quantized::Stored;
 use moek_kernels::backend::Uploaded;
-use moek_kernels::dispatch::{self, Backend, Choice, DispatchError, Task};
+use moek_kernels::dispatch::{self, Backend, Choice, DispatchError};
 use moek_kernels::elem::QuantElem;
-use moek_kernels::ir::Activation;
 use moek_kernels::ir::Op;
 use moek_kernels::ir::Target;
+use moek_kernels::ir::{Activation, Function};
 use moek_kernels::{Elem, Inputs, Registry, Shape};
 use std::sync::Arc;
 use thiserror::Error;
@@ -59,15 +59,11 @@ impl Kernels {
         let Some(name) = &self.variant else {
             return Ok(());
         };
-        let task = Task {
-            activation,
-            quant_block: moek_kernels::ir::quant::BLOCK,
-            ..Task::from(Op::ExpertFfn)
-        };
+        // Checkpoint banks are stored in blocks of 32 when quantized (`Storage::from` a dtype).
         dispatch::choose(
             &self.registry,
             &self.backend,
-            task,
+            Function::new(Op::ExpertFfn, activation),
             banks.dtype(),
             shape,
             Some(name),
@@ -273,13 +269,7 @@ pub(crate) fn dense_mlp<W: Float>(
         f,
         ..Shape::default()
     };
-    let inputs = Inputs::DenseMlp {
-        x: &x,
-        gate,
-        up,
-        down,
-        output_gate: None,
-    };
+    let inputs = Inputs::dense_mlp(&x, gate, up, down);
     let what = "dense_mlp";
     run_traced(
         kernels, layer, what, activation, &shape, &inputs, &mut out, None, trace,
@@ -320,29 +310,17 @@ pub(crate) fn head_rows<W: Float>(
             match emb {
                 Stored::Plain(emb) => {
                     let hidden = to_w::<W>(row);
-                    let inputs = Inputs::LmHeadRow {
-                        hidden: &hidden,
-                        emb,
-                        softcap,
-                    };
+                    let inputs = Inputs::lm_head_row(&hidden, emb, softcap);
                     run_traced(kernels, l, what, act, s, &inputs, out, None, trace)?;
                 }
                 Stored::Q8_0(emb) => {
                     let hidden = row;
-                    let inputs = Inputs::LmHeadRow {
-                        hidden,
-                        emb,
-                        softcap,
-                    };
+                    let inputs = Inputs::lm_head_row(hidden, emb, softcap);
                     run_traced_quantized(kernels, l, what, act, s, &inputs, out, None, trace)?;
                 }
                 Stored::Q4_0(emb) => {
                     let hidden = row;
-                    let inputs = Inputs::LmHeadRow {
-                        hidden,
-                        emb,
-                        softcap,
-                    };
+                    let inputs = Inputs::lm_head_row(hidden, emb, softcap);
                     run_traced_quantized(kernels, l, what, act, s, &inputs, out, None, trace)?;
                 }
             }
@@ -366,7 +344,7 @@ pub(crate) fn run_traced<W: Elem>(
     requested: Option<&str>,
     trace: &mut Vec<Trace>,
 ) -> Result<(), ModelError> {
-    let task = task_of(inputs, activation);
+    let function = inputs.function(activation);
     traced(
         (layer, what),
         shape,
@@ -374,7 +352,9 @@ pub(crate) fn run_traced<W: Elem>(
         requested,
         trace,
         kernels,
-        |on, req, out| dispatch::run_task(&kernels.registry, on, task, shape, inputs, out, req),
+        |on, req, out| {
+            dispatch::run_function(&kernels.registry, on, function, shape, inputs, out, req)
+        },
     )
 }
 
@@ -391,7 +371,7 @@ pub(crate) fn run_traced_quantized<Q: QuantElem>(
     requested: Option<&str>,
     trace: &mut Vec<Trace>,
 ) -> Result<(), ModelError> {
-    let task = task_of(inputs, activation);
+    let function = inputs.function(activation);
     traced(
         (layer, what),
         shape,
@@ -400,7 +380,7 @@ pub(crate) fn run_traced_quantized<Q: QuantElem>(
         trace,
         kernels,
         |on, req, out| {
-            dispatch::run_quantized(&kernels.registry, on, task, shape, inputs, out, req)
+            dispatch::run_quantized(&kernels.registry, on, function, shape, inputs, out, req)
         },
     )
 }
@@ -426,14 +406,7 @@ pub(crate) fn routed_experts<W: Float>(
         gate_up: &'a [Q],
         down: &'a [Q],
     ) -> Inputs<'a, Q, A> {
-        Inputs::ExpertFfn {
-            x,
-            idx,
-            weights,
-            gate_up,
-            down,
-            bias: Default::default(),
-        }
+        Inputs::expert_ffn(x, idx, weights, gate_up, down)
     }
     let (b, l, a, routes) = (kernels, layer, activation, (idx, weights));
     match banks {
@@ -455,24 +428,6 @@ pub(crate) fn routed_experts<W: Float>(
             g.dtype(),
             d.dtype()
         ),
-    }
-}
-
-/// What `inputs` ask of dispatch with `activation`.
-fn task_of<W: moek_kernels::ir::quant::Packed, A: bytemuck::Pod>(
-    inputs: &Inputs<'_, W, A>,
-    activation: Activation,
-) -> Task {
-    Task {
-        op: inputs.op(),
-        activation,
-        bias: inputs.bias(),
-        output_gate: inputs.output_gate(),
-        // Plain weights (one value an element) leave the default, which they do not read.
-        quant_block: match W::VALUES {
-            1 => moek_kernels::ir::quant::BLOCK,
-            block => block,
-        },
     }
 }
 

@@ -2,7 +2,7 @@
 //! capabilities fall back visibly; an explicit ineligible request fails before any output is written.
 
 use moek_kernels::dispatch::{self, Backend, DispatchError, Ineligible};
-use moek_kernels::ir::{Activation, Capability, DType, Op};
+use moek_kernels::ir::{Activation, Capability, DType, Function, Op, Storage};
 use moek_kernels::testing::Case;
 use moek_kernels::{Registry, Shape, specs};
 
@@ -63,13 +63,7 @@ fn the_activation_is_part_of_what_is_asked_for() {
         .expect("the SiLU variant is considered and passed over");
     assert!(why.contains("silu"), "{why}");
     // Asked for SiLU, dispatch picks it, and only specs with SiLU are eligible.
-    let silu = dispatch::Task {
-        op: Op::ExpertFfn,
-        activation: Activation::Silu,
-        bias: Default::default(),
-        output_gate: false,
-        quant_block: moek_kernels::ir::quant::BLOCK,
-    };
+    let silu = Function::new(Op::ExpertFfn, Activation::Silu);
     let c = dispatch::choose(
         &Registry::builtin(),
         &Backend::cpu(),
@@ -94,7 +88,10 @@ fn the_activation_is_part_of_what_is_asked_for() {
     assert_eq!(c.kernel, "general_expert_ffn_gather_silu");
     let why = |name: &str| &c.passed_over.iter().find(|(n, _)| n == name).unwrap().1;
     assert!(why("decode_expert_ffn_blocked_silu").contains("no f32 variant"));
-    assert!(why("general_expert_ffn_gather").contains("with gelu_tanh, not silu"));
+    assert!(
+        why("general_expert_ffn_gather")
+            .contains("computes `expert_ffn with gelu_tanh`, not `expert_ffn with silu`")
+    );
 }
 
 #[test]
@@ -426,14 +423,8 @@ fn a_wgpu_session_uploads_expert_banks_once_for_prefill_and_decode() {
     let one = Shape { t: 1, ..s };
     let x = prefill.x[..s.h].to_vec();
     let (idx, weights) = (&prefill.idx[..s.r], &prefill.weights[..s.r]);
-    let inputs = moek_kernels::Inputs::ExpertFfn {
-        x: &x,
-        idx,
-        weights,
-        gate_up: prefill.param("gate_up"),
-        down: prefill.param("down"),
-        bias: Default::default(),
-    };
+    let (gate_up, down) = (prefill.param("gate_up"), prefill.param("down"));
+    let inputs = moek_kernels::Inputs::expert_ffn(&x, idx, weights, gate_up, down);
     let mut row = vec![f32::NAN; s.h];
     session.run(&k, &one, &inputs, &mut row).unwrap();
     assert_eq!(session.weight_uploads(), 2, "decode reuses the kept banks");
@@ -455,16 +446,17 @@ fn a_wgpu_session_uploads_expert_banks_once_for_prefill_and_decode() {
     );
 }
 
-/// Every op's bound inputs follow its table entry: one slice per tensor, in table order, of the
-/// table's element class and length, so checks and binders derived from the table see the
-/// tensors the variants read.
+/// Every op's bound inputs follow its table entry: one slice per tensor (every optional one
+/// bound), in table order, of the table's element class and length, so checks and binders
+/// derived from the table see the tensors the variants read.
 #[test]
 fn bound_inputs_follow_the_op_table() {
     use moek_kernels::inputs::Bound;
     use moek_kernels::ir::tensors::ElemClass;
     let shape = moek_kernels::testing::SMALL;
     for &op in Op::ALL {
-        let case = Case::<half::bf16>::new(op, shape, 3);
+        let mut case = Case::<half::bf16>::new(op, shape, 3);
+        case.optional = op.optionals();
         let inputs = case.inputs();
         let bound = inputs.bound();
         assert_eq!(bound.len(), op.tensors().len(), "{op}");
@@ -483,15 +475,12 @@ fn bound_inputs_follow_the_op_table() {
 
 #[test]
 fn an_activations_parameters_are_part_of_what_is_asked_for() {
-    let swiglu = |limit| dispatch::Task {
-        op: Op::ExpertFfn,
-        activation: Activation::SwigluClamped {
+    let swiglu = |limit| {
+        let activation = Activation::SwigluClamped {
             limit,
             alpha: 1.702,
-        },
-        bias: Default::default(),
-        output_gate: false,
-        quant_block: moek_kernels::ir::quant::BLOCK,
+        };
+        Function::new(Op::ExpertFfn, activation)
     };
     let c = dispatch::choose(
         &Registry::builtin(),
@@ -516,7 +505,8 @@ fn an_activations_parameters_are_part_of_what_is_asked_for() {
     let msg = err.to_string();
     assert!(
         msg.contains(
-            "swiglu_clamped(limit = 7, alpha = 1.702), not swiglu_clamped(limit = 5, alpha = 1.702)"
+            "computes `expert_ffn with swiglu_clamped(limit = 7, alpha = 1.702)`, not \
+             `expert_ffn with swiglu_clamped(limit = 5, alpha = 1.702)`"
         ),
         "{msg}"
     );
@@ -525,13 +515,7 @@ fn an_activations_parameters_are_part_of_what_is_asked_for() {
 #[test]
 fn qwen3_30b_a3b_takes_its_own_blocked_and_grouped_variants() {
     use moek_kernels::geometry::{QWEN3_DECODE, QWEN3_PREFILL};
-    let silu = dispatch::Task {
-        op: Op::ExpertFfn,
-        activation: Activation::Silu,
-        bias: Default::default(),
-        output_gate: false,
-        quant_block: moek_kernels::ir::quant::BLOCK,
-    };
+    let silu = Function::new(Op::ExpertFfn, Activation::Silu);
     let pick = |shape| {
         dispatch::choose(
             &Registry::builtin(),
@@ -550,21 +534,13 @@ fn qwen3_30b_a3b_takes_its_own_blocked_and_grouped_variants() {
 
 #[test]
 fn biases_are_part_of_what_is_asked_for_and_a_spec_refuses_inputs_without_its_own() {
-    use moek_kernels::ir::Bias;
-    let both = Bias {
-        gate_up: true,
-        down: true,
+    use moek_kernels::ir::tensors::Optional;
+    let activation = Activation::SwigluClamped {
+        limit: 7.0,
+        alpha: 1.702,
     };
-    let task = dispatch::Task {
-        op: Op::ExpertFfn,
-        activation: Activation::SwigluClamped {
-            limit: 7.0,
-            alpha: 1.702,
-        },
-        bias: both,
-        output_gate: false,
-        quant_block: moek_kernels::ir::quant::BLOCK,
-    };
+    let unbiased = Function::new(Op::ExpertFfn, activation);
+    let task = unbiased.with(Optional::GateUpBias).with(Optional::DownBias);
     let c = dispatch::choose(
         &Registry::builtin(),
         &Backend::cpu(),
@@ -582,7 +558,10 @@ fn biases_are_part_of_what_is_asked_for_and_a_spec_refuses_inputs_without_its_ow
         .expect("the unbiased variant is passed over")
         .1;
     assert!(
-        why.contains("adds no biases, not biases on gate_up and down"),
+        why.contains(
+            "computes `expert_ffn with swiglu_clamped(limit = 7, alpha = 1.702)`, not \
+             `expert_ffn with swiglu_clamped(limit = 7, alpha = 1.702) + gate_up_bias + down_bias`"
+        ),
         "{why}"
     );
     // The biased spec forced on inputs without biases: refused before anything is written.
@@ -596,11 +575,7 @@ fn biases_are_part_of_what_is_asked_for_and_a_spec_refuses_inputs_without_its_ow
     };
     let case = Case::<half::bf16>::new(Op::ExpertFfn, s, 7);
     let mut out = vec![f32::NAN; s.t * s.h];
-    let unbiased = dispatch::Task {
-        bias: Bias::default(),
-        ..task
-    };
-    let err = dispatch::run_task(
+    let err = dispatch::run_function(
         &Registry::builtin(),
         &Backend::cpu(),
         unbiased,
@@ -612,7 +587,7 @@ fn biases_are_part_of_what_is_asked_for_and_a_spec_refuses_inputs_without_its_ow
     .expect_err("the inputs carry no biases");
     assert!(
         err.to_string()
-            .contains("adds biases on gate_up and down, not no biases"),
+            .contains("+ gate_up_bias + down_bias`, not `expert_ffn with swiglu_clamped"),
         "{err}"
     );
     assert!(out.iter().all(|x| x.is_nan()), "nothing was written");
@@ -626,12 +601,12 @@ fn an_output_gate_is_served_only_when_asked_for() {
         f: 96,
         ..Shape::default()
     };
-    let task = |output_gate| dispatch::Task {
-        op: Op::DenseMlp,
-        activation: Activation::Silu,
-        bias: Default::default(),
-        output_gate,
-        quant_block: moek_kernels::ir::quant::BLOCK,
+    let task = |output_gate| {
+        let f = Function::new(Op::DenseMlp, Activation::Silu);
+        match output_gate {
+            true => f.with(moek_kernels::ir::tensors::Optional::OutputGate),
+            false => f,
+        }
     };
     let pick = |output_gate| {
         dispatch::choose(
@@ -654,7 +629,7 @@ fn an_output_gate_is_served_only_when_asked_for() {
         .expect("considered")
         .1;
     assert!(
-        why.contains("has an output gate, which was not asked for"),
+        why.contains("computes `dense_mlp with silu + output_gate`, not `dense_mlp with silu`"),
         "{why}"
     );
 }
@@ -666,24 +641,18 @@ fn dispatch_serves_each_specs_function_with_that_function() {
     for entry in Registry::builtin().entries() {
         let k = entry.ir();
         let shape = moek_kernels::geometry::real_shape(k);
-        let task = dispatch::Task::of(k);
+        let task = k.function();
         let c = dispatch::choose(
             &Registry::builtin(),
             &Backend::cpu(),
             task,
-            k.dtypes[0],
+            Storage::new(k.dtypes[0], k.quant_block),
             &shape,
             None,
         )
         .unwrap_or_else(|e| panic!("{}: nothing serves its own function: {e}", k.name));
         let chosen = Registry::builtin().get(&c.kernel).cloned().unwrap();
-        assert_eq!(
-            dispatch::Task::of(chosen.ir()),
-            task,
-            "{} -> {}",
-            k.name,
-            c.kernel
-        );
+        assert_eq!(chosen.ir().function(), task, "{} -> {}", k.name, c.kernel);
     }
 }
 
@@ -703,38 +672,37 @@ fn quantized_variants_serve_only_their_declared_block_size() {
         v: 0,
     };
     let wide = "expert_ffn_blocked_quantized_b64";
-    let of_block = |quant_block| dispatch::Task {
-        quant_block,
-        ..dispatch::Task::from(Op::ExpertFfn)
-    };
+    // The block size is the inputs' own: the function asked for is the same.
+    let function = Function::from(Op::ExpertFfn);
 
     let q32 = QuantCase::<BlockQ8_0>::new(Op::ExpertFfn, shape, 3);
     let inputs = q32.inputs(&q32.exact.x);
     let mut out = vec![f32::NAN; 2816];
-    let run = |task, out: &mut [f32], requested| {
+    let run = |out: &mut [f32], requested| {
         dispatch::run_quantized(
             &Registry::builtin(),
             &Backend::cpu(),
-            task,
+            function,
             &shape,
             &inputs,
             out,
             requested,
         )
     };
-    let err = run(of_block(32), &mut out, Some(wide)).unwrap_err();
+    let err = run(&mut out, Some(wide)).unwrap_err();
     assert_eq!(
         err,
         DispatchError::Requested {
             name: wide.into(),
             reason: Ineligible::QuantBlock {
+                dtype: DType::Q8_0,
                 spec: 64,
                 wanted: 32
             }
         }
     );
     assert!(out.iter().all(|v| v.is_nan()), "refused before writing");
-    let (choice, _) = run(of_block(32), &mut out, None).expect("a 32-value variant");
+    let (choice, _) = run(&mut out, None).expect("a 32-value variant");
     assert_eq!(choice.kernel, "expert_ffn_blocked_quantized");
     let (_, why) = choice
         .passed_over
@@ -748,7 +716,7 @@ fn quantized_variants_serve_only_their_declared_block_size() {
     let (choice, _) = dispatch::run_quantized(
         &Registry::builtin(),
         &Backend::cpu(),
-        of_block(64),
+        function,
         &shape,
         &q64.inputs(&q64.exact.x),
         &mut out,

@@ -237,20 +237,10 @@ fn the_harness_fails_an_unwritten_element() {
 #[should_panic(expected = "reproduce with seed")]
 fn the_harness_fails_a_wrong_combine() {
     fn unweighted(s: &Shape, i: &Inputs<'_, f32>, out: &mut [f32]) -> Option<u32> {
-        let Inputs::Down { act, idx, down, .. } = *i else {
-            unreachable!()
-        };
-        let ones = vec![1.0f32; idx.len()];
-        general_down::cpu::<f32, f32>(
-            s,
-            &Inputs::Down {
-                act,
-                idx,
-                weights: &ones,
-                down,
-            },
-            out,
-        )
+        use moek_kernels::ir::tensors::{ACT, DOWN, IDX};
+        let ones = vec![1.0f32; i.indices(&IDX).len()];
+        let dropped = Inputs::down(i.f32s(&ACT), i.indices(&IDX), &ones, i.weight(&DOWN));
+        general_down::cpu::<f32, f32>(s, &dropped, out)
     }
     let entry = KernelEntry::new(
         general_down::IR_JSON,
@@ -313,7 +303,7 @@ fn the_cost_budget_cuts_seeds_only_where_a_seed_is_dear() {
 /// a variant that dropped them would fail.
 #[test]
 fn the_biases_change_the_reference() {
-    use moek_kernels::ir::Bias;
+    use moek_kernels::ir::tensors::{Optional, Optionals};
     let shape = moek_kernels::testing::shape_for(
         general_expert_ffn_gather_swiglu_biased::entry().ir(),
         &moek_kernels::testing::SMALL,
@@ -321,17 +311,8 @@ fn the_biases_change_the_reference() {
     let mut case = Case::<bf16>::new(Op::ExpertFfn, shape, 3);
     let act = Activation::Silu;
     let plain = reference(&case, act);
-    for bias in [
-        Bias {
-            gate_up: true,
-            down: false,
-        },
-        Bias {
-            gate_up: false,
-            down: true,
-        },
-    ] {
-        case.bias = bias;
+    for bias in [Optional::GateUpBias, Optional::DownBias] {
+        case.optional = Optionals::NONE.with(bias);
         let rel = rel_l2(&reference(&case, act), &plain);
         assert!(rel > 0.1, "{bias}: the reference moves by only {rel:e}");
     }
@@ -347,7 +328,8 @@ fn the_output_gate_changes_the_reference() {
     );
     let mut case = Case::<bf16>::new(Op::DenseMlp, shape, 5);
     let plain = reference(&case, Activation::Silu);
-    case.output_gate = true;
+    use moek_kernels::ir::tensors::{Optional, Optionals};
+    case.optional = Optionals::NONE.with(Optional::OutputGate);
     let rel = rel_l2(&reference(&case, Activation::Silu), &plain);
     assert!(
         rel > 0.2,

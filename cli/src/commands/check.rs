@@ -92,10 +92,11 @@ pub fn run(
                     .flatten();
                 let shape = cut.unwrap_or(shape);
                 // What dispatch serves a caller asking for this spec's function (op, activation,
-                // biases, output gate) at this size.
-                let task = dispatch::Task::of(k);
-                let chosen = dispatch::choose(registry, backend, task, dtype, &shape, None)
-                    .map_or_else(|e| format!("none ({e})"), |c| c.kernel);
+                // optional tensors) stored as it stores it, at this size.
+                let storage = moek_kernels::ir::Storage::new(dtype, k.quant_block);
+                let chosen =
+                    dispatch::choose(registry, backend, k.function(), storage, &shape, None)
+                        .map_or_else(|e| format!("none ({e})"), |c| c.kernel);
                 let report = match cases.run(entry, backend.target, dtype, &shape, seed) {
                     Ok(report) => report,
                     Err(why) => {

@@ -21,8 +21,7 @@ impl<W: Elem> Drawn for Case<W> {
 
     fn reseed_for(&mut self, k: &Kernel, seed: u64) {
         self.reseed(seed);
-        self.bias = k.bias;
-        self.output_gate = k.output_gate;
+        self.optional = k.optional;
     }
 
     fn run(
@@ -76,20 +75,13 @@ pub struct Case<W> {
     pub idx: Vec<u32>,
     pub weights: Vec<f32>,
     pub act: Vec<f32>,
-    /// The op's weight tensors, in the order of its table ([`Op::tensors`]); by name with
-    /// [`Case::param`].
+    /// The op's weight tensors, the optional ones included, in the order of its table
+    /// ([`Op::tensors`]); by name with [`Case::param`].
     pub params: Vec<Vec<W>>,
     pub softcap: Option<f32>,
-    /// The expert FFN's biases, drawn for every expert FFN case (uniform in +-1, of the order of
-    /// the products they are added to), and which of them the inputs carry: the spec's, set by
-    /// the harness before each run.
-    pub gate_up_bias: Vec<W>,
-    pub down_bias: Vec<W>,
-    pub bias: Bias,
-    /// A dense MLP's output gate `[H]` (uniform in +-2/sqrt(H): sigmoids across (0.2, 0.8)),
-    /// and whether the inputs carry it: the spec's, set by the harness.
-    pub gate_w: Vec<W>,
-    pub output_gate: bool,
+    /// The optional tensors the inputs carry (all are drawn): the spec's, set by the harness
+    /// before each run.
+    pub optional: Optionals,
 }
 
 impl<W: Elem> Case<W> {
@@ -99,13 +91,7 @@ impl<W: Elem> Case<W> {
     pub fn new(op: Op, s: Shape, seed: u64) -> Self {
         let params = weight_defs(op)
             .enumerate()
-            .map(|(i, t)| {
-                let scale = match op {
-                    Op::LmHeadRow => 1.0,
-                    _ => 1.0 / (t.row_len(&s).max(1) as f32).sqrt(),
-                };
-                uniform(t.len(&s), seed ^ (0x100 + i as u64), scale)
-            })
+            .map(|(i, t)| uniform(t.len(&s), seed ^ (0x100 + i as u64), draw_scale(op, t, &s)))
             .collect();
         let mut case = Case {
             op,
@@ -116,19 +102,8 @@ impl<W: Elem> Case<W> {
             act: vec![],
             params,
             softcap: Some(30.0),
-            gate_up_bias: vec![],
-            down_bias: vec![],
-            bias: Bias::default(),
-            gate_w: vec![],
-            output_gate: false,
+            optional: Optionals::NONE,
         };
-        if op == Op::DenseMlp {
-            case.gate_w = uniform(s.h, seed ^ 0x202, 2.0 / (s.h.max(1) as f32).sqrt());
-        }
-        if op == Op::ExpertFfn {
-            case.gate_up_bias = uniform(GATE_UP_BIAS.len(&s), seed ^ 0x200, 1.0);
-            case.down_bias = uniform(DOWN_BIAS.len(&s), seed ^ 0x201, 1.0);
-        }
         case.reseed(seed);
         case
     }
@@ -155,49 +130,22 @@ impl<W: Elem> Case<W> {
         (self.idx, self.weights) = routes(s.t, s.r, s.e, seed ^ 9);
     }
 
-    /// The biases the inputs carry ([`Case::bias`]).
+    /// The biases the inputs carry.
     pub fn biases(&self) -> Biases<'_, W> {
-        Biases {
-            gate_up: self.bias.gate_up.then_some(&self.gate_up_bias[..]),
-            down: self.bias.down.then_some(&self.down_bias[..]),
-        }
+        self.inputs().biases()
     }
 
+    /// The inputs, bound by the op table from the case's tensors.
     pub fn inputs(&self) -> Inputs<'_, W> {
-        let p = |name| self.param(name);
-        match self.op {
-            Op::GateUp => Inputs::GateUp {
-                x: &self.x,
-                idx: &self.idx,
-                gate_up: p("gate_up"),
-            },
-            Op::Down => Inputs::Down {
-                act: &self.act,
-                idx: &self.idx,
-                weights: &self.weights,
-                down: p("down"),
-            },
-            Op::ExpertFfn => Inputs::ExpertFfn {
-                bias: self.biases(),
-                x: &self.x,
-                idx: &self.idx,
-                weights: &self.weights,
-                gate_up: p("gate_up"),
-                down: p("down"),
-            },
-            Op::DenseMlp => Inputs::DenseMlp {
-                x: &self.x,
-                gate: p("gate"),
-                up: p("up"),
-                down: p("down"),
-                output_gate: self.output_gate.then_some(&self.gate_w[..]),
-            },
-            Op::LmHeadRow => Inputs::LmHeadRow {
-                hidden: &self.x,
-                emb: p("emb"),
-                softcap: self.softcap,
-            },
-        }
+        Inputs::from_table(self.op, self.optional, self.softcap, |row| {
+            match row.class {
+                ElemClass::Activation => Bound::Act(&self.x),
+                ElemClass::Index => Bound::Index(&self.idx),
+                ElemClass::F32 if *row == ACT => Bound::F32(&self.act),
+                ElemClass::F32 => Bound::F32(&self.weights),
+                ElemClass::Weight => Bound::Weight(self.param(row.name)),
+            }
+        })
     }
 
     /// The reference for output row `row` (a token; for the LM head, a vocabulary row) of a spec
@@ -219,7 +167,7 @@ impl<W: Elem> Case<W> {
                 row,
             ),
             Op::DenseMlp => {
-                let gate = self.output_gate.then_some(&self.gate_w[..]);
+                let gate = self.inputs().optional_weight(Optional::OutputGate);
                 reference::dense_mlp(s, act, &self.x, p("gate"), p("up"), p("down"), gate, row)
             }
             Op::LmHeadRow => {
@@ -296,14 +244,29 @@ impl<W: Elem> Case<W> {
     }
 }
 
-/// The op's weight tensors, in table order.
+/// The op's weight tensors, the optional ones included, in table order.
 pub(super) fn weight_defs(op: Op) -> impl Iterator<Item = &'static TensorDef> {
     op.tensors().iter().filter(|t| t.role == TensorRole::Weight)
 }
 
-/// Values in the weight tensors of `op` at `s`.
+/// The half-width of a weight tensor's uniform draw: 1/sqrt(its row length), so activations stay
+/// O(1) at every size; but +-1 for the LM head's embedding (logits then reach the softcap) and
+/// for biases (of the order of the products they are added to), and +-2/sqrt(H) for the output
+/// gate (sigmoids across (0.2, 0.8)).
+fn draw_scale(op: Op, t: &TensorDef, s: &Shape) -> f32 {
+    match (op, t.when) {
+        (Op::LmHeadRow, _) | (_, Some(Optional::GateUpBias | Optional::DownBias)) => 1.0,
+        (_, Some(Optional::OutputGate)) => 2.0 / (s.h.max(1) as f32).sqrt(),
+        (_, None) => 1.0 / (t.row_len(s).max(1) as f32).sqrt(),
+    }
+}
+
+/// Values in the weight tensors every spec of `op` reads at `s`.
 pub(super) fn weight_values(op: Op, s: &Shape) -> usize {
-    weight_defs(op).map(|t| t.len(s)).sum()
+    weight_defs(op)
+        .filter(|t| t.when.is_none())
+        .map(|t| t.len(s))
+        .sum()
 }
 
 pub(super) fn param_index(op: Op, name: &str) -> usize {

@@ -10,14 +10,14 @@
 pub use crate::backend::Modeled;
 use crate::backend::{self, Ran};
 use crate::elem::{Elem, QuantAct, QuantElem};
-use crate::inputs::{AnyInputs, Inputs, output_len};
+use crate::inputs::{AnyInputs, Bound, Inputs, output_len};
 use crate::registry::KernelEntry;
 use half::{bf16, f16};
 use moek_ir::quant;
 use moek_ir::reference::{self, Biases, Shape};
-use moek_ir::tensors::{DOWN_BIAS, GATE_UP_BIAS, TensorDef, TensorRole};
+use moek_ir::tensors::{ACT, ElemClass, Optional, Optionals, TensorDef, TensorRole};
 use moek_ir::tolerance::{Deviation, Tolerance};
-use moek_ir::{Activation, Bias, DType, DimName, Kernel, Op, Target};
+use moek_ir::{Activation, DType, DimName, Kernel, Op, Target};
 
 mod case;
 mod cases;

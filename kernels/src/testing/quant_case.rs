@@ -22,8 +22,9 @@ pub struct QuantCase<Q> {
 impl<Q: QuantElem> QuantCase<Q> {
     pub fn new(op: Op, s: Shape, seed: u64) -> Self {
         let drawn = Case::<bf16>::new(op, s, seed);
-        let blocks: Vec<Vec<Q>> = drawn
-            .params
+        // The weights every spec of the op reads: quantized specs have no optional tensors.
+        let required = weight_defs(op).filter(|t| t.when.is_none()).count();
+        let blocks: Vec<Vec<Q>> = drawn.params[..required]
             .par_iter()
             .map(|p| {
                 let values: Vec<f32> = p.iter().map(|v| v.to_f32()).collect();
@@ -39,11 +40,7 @@ impl<Q: QuantElem> QuantCase<Q> {
             act: vec![],
             params: blocks.par_iter().map(|b| quant::dequantize(b)).collect(),
             softcap: drawn.softcap,
-            gate_up_bias: vec![],
-            down_bias: vec![],
-            bias: Bias::default(),
-            gate_w: vec![],
-            output_gate: false,
+            optional: Optionals::NONE,
         };
         let mut case = QuantCase {
             drawn,
@@ -90,34 +87,18 @@ impl<Q: QuantElem> QuantCase<Q> {
     /// activation).
     pub fn inputs<'a, A>(&'a self, x: &'a [A]) -> Inputs<'a, Q, A> {
         let c = &self.exact;
-        let p = |name| &self.blocks[param_index(c.op, name)][..];
-        match c.op {
-            Op::GateUp => Inputs::GateUp {
-                x,
-                idx: &c.idx,
-                gate_up: p("gate_up"),
-            },
-            Op::Down => Inputs::Down {
-                act: &c.act,
-                idx: &c.idx,
-                weights: &c.weights,
-                down: p("down"),
-            },
-            Op::ExpertFfn => Inputs::ExpertFfn {
-                x,
-                idx: &c.idx,
-                weights: &c.weights,
-                gate_up: p("gate_up"),
-                down: p("down"),
-                bias: Biases::default(),
-            },
-            Op::LmHeadRow => Inputs::LmHeadRow {
-                hidden: x,
-                emb: p("emb"),
-                softcap: c.softcap,
-            },
-            Op::DenseMlp => unreachable!("the checker keeps quantized weights off dense_mlp"),
-        }
+        assert_ne!(
+            c.op,
+            Op::DenseMlp,
+            "the checker keeps quantized weights off dense_mlp"
+        );
+        Inputs::from_table(c.op, Optionals::NONE, c.softcap, |row| match row.class {
+            ElemClass::Activation => Bound::Act(x),
+            ElemClass::Index => Bound::Index(&c.idx),
+            ElemClass::F32 if *row == ACT => Bound::F32(&c.act),
+            ElemClass::F32 => Bound::F32(&c.weights),
+            ElemClass::Weight => Bound::Weight(&self.blocks[param_index(c.op, row.name)]),
+        })
     }
 
     /// Runs `entry`'s variant for blocks of `Q` beside activations `x` (validated first).
@@ -154,7 +135,7 @@ impl<Q: QuantElem> Drawn for QuantCase<Q> {
 
     fn reseed_for(&mut self, k: &Kernel, seed: u64) {
         assert!(
-            k.bias.is_none() && !k.output_gate,
+            k.optional.is_empty(),
             "the checker keeps biases and gates off quantized specs"
         );
         self.drawn.reseed(seed);

@@ -4,6 +4,7 @@ use super::sums::{SegCall, even};
 use super::tensors::ld_store;
 use super::{Emitter, Store, WgslError};
 use moek_ir::plan::{BufferRole, Step, WORKGROUP};
+use moek_ir::tensors::Optional;
 use moek_ir::{DimName, Phase};
 use std::fmt::Write;
 
@@ -66,7 +67,7 @@ impl Emitter<'_> {
         );
         let cols = self.columns(DimName::F, f);
         let st = ld_store(dst);
-        let (bg, bu) = match self.k.bias.gate_up {
+        let (bg, bu) = match self.k.optional.has(Optional::GateUpBias) {
             true => (
                 format!(" + ld_gate_up_bias_0(e * {}u + j)", 2 * f),
                 format!(" + ld_gate_up_bias_0(e * {}u + {f}u + j)", 2 * f),
@@ -105,7 +106,7 @@ impl Emitter<'_> {
             .any(|sp| sp.dim == DimName::R);
         let term = SegCall::group(&part, [format!("e * {h}u + i"), format!("tr * {f}u")]);
         let red = self.reduce(&segs, &[term]);
-        let bias = match self.k.bias.down {
+        let bias = match self.k.optional.has(Optional::DownBias) {
             true => format!(" + ld_down_bias_0(e * {h}u + i)"),
             false => String::new(),
         };
@@ -302,7 +303,7 @@ impl Emitter<'_> {
         let red = self.reduce(&segs, &[term]);
         let cols = self.columns(DimName::H, h);
         // The output gate: one thread per token adds x[t] . output_gate in order, then sigmoid.
-        let scale = match self.k.output_gate {
+        let scale = match self.k.optional.has(Optional::OutputGate) {
             true => {
                 let gate = format!(
                     "    let t = i;\n    \

@@ -3,14 +3,15 @@
 use super::{Emitter, Store, WgslError};
 use moek_ir::DType;
 use moek_ir::plan::{BufferRole, TensorPlan};
-use moek_ir::tensors::{DOWN_BIAS, ElemClass, GATE_UP_BIAS, OUTPUT_GATE, TensorRole};
+use moek_ir::tensors::{ElemClass, TensorRole};
 use std::fmt::Write;
 
 impl Emitter<'_> {
-    /// The op's own tensors, from its table (with the spec's biases): weights chunked along their rows, activations and
-    /// route tensors bound whole (route tensors read one element at a time).
+    /// The op's own tensors, from its table (with the spec's optional ones): weights chunked
+    /// along their rows, activations and route tensors bound whole (route tensors read one
+    /// element at a time).
     pub(super) fn op_tensors(&mut self) -> Result<(), WgslError> {
-        for t in self.k.op.tensors_with(self.k.bias, self.k.output_gate) {
+        for (_, t) in self.k.op.bound(self.k.optional) {
             let role = match t.role {
                 TensorRole::Weight => BufferRole::Weight,
                 TensorRole::Input | TensorRole::Route => BufferRole::Input,
@@ -29,10 +30,9 @@ impl Emitter<'_> {
                 _ => t.row_len(&self.s),
             };
             self.tensor(t.name, role, t.len(&self.s), store, row)?;
-            // Biases and the output gate are read through their one chunk's loader
-            // (`ld_NAME_0`): a few rows.
-            let bias = [&GATE_UP_BIAS, &DOWN_BIAS, &OUTPUT_GATE].contains(&t);
-            if bias && self.tensors.last().is_some_and(|p| p.chunks > 1) {
+            // Optional tensors (biases, the output gate) are read through their one chunk's
+            // loader (`ld_NAME_0`): a few rows.
+            if t.when.is_some() && self.tensors.last().is_some_and(|p| p.chunks > 1) {
                 return Err(WgslError::Whole {
                     tensor: t.name.to_string(),
                     bytes: (t.len(&self.s) * self.dtype.bytes()) as u64,

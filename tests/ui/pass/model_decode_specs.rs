@@ -88,5 +88,5 @@ fn main() {
     for entry in [deepseek_shared::entry(), gpt_oss_decode::entry()] {
         assert_eq!(entry.ir().targets, [Target::Cpu, Target::Wgpu], "{}", entry.ir().name);
     }
-    assert!(gpt_oss_decode::entry().ir().bias.gate_up && gpt_oss_decode::entry().ir().bias.down);
+    assert_eq!(gpt_oss_decode::entry().ir().optional.to_string(), "gate_up_bias, down_bias");
 }

@@ -261,7 +261,8 @@ pub fn dense_mlp<W: Element>(
 ) {
     let (t_n, h_n) = (s.t, s.h);
     let output_gate = t
-        .output_gate
+        .optional
+        .has(moek_ir::tensors::Optional::OutputGate)
         .then(|| output_gate.expect("the backend checks the spec's output gate is given"));
     let rows = Rows {
         xs: &x[..t_n * h_n],

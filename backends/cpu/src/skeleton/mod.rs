@@ -25,6 +25,7 @@ pub use gemm::{dense_mlp, grouped_ffn, persistent_ffn};
 use crate::Weight;
 use moek_ir::cpu::{Ranges, Tables};
 use moek_ir::reference::Biases;
+use moek_ir::tensors::Optional;
 use rayon::prelude::*;
 use std::borrow::Cow;
 
@@ -51,8 +52,8 @@ impl<'a, W> Bank<'a, W> {
             declared.then(|| b.expect("the backend checks the spec's biases are given"))
         };
         Biases {
-            gate_up: given(t.bias.gate_up, self.bias.gate_up),
-            down: given(t.bias.down, self.bias.down),
+            gate_up: given(t.optional.has(Optional::GateUpBias), self.bias.gate_up),
+            down: given(t.optional.has(Optional::DownBias), self.bias.down),
         }
     }
 }

@@ -73,14 +73,7 @@ pub fn measure(iters: usize) -> Result<GpuFigures, CommandError> {
     session.keep(&w2);
     let adapter = session.gpu().name();
     let mut time = |case: &Case<bf16>, k: &moek_kernels::ir::Kernel, out: &mut [f32]| {
-        let inputs = moek_kernels::Inputs::ExpertFfn {
-            x: &case.x,
-            idx: &case.idx,
-            weights: &case.weights,
-            gate_up: &w1,
-            down: &w2,
-            bias: Default::default(),
-        };
+        let inputs = moek_kernels::Inputs::expert_ffn(&case.x, &case.idx, &case.weights, &w1, &w2);
         let start = Instant::now();
         session
             .run(k, &case.shape, &inputs, out)

@@ -56,7 +56,7 @@ impl Key {
             dims: p.dims.text(),
             dtype: p.dtype.to_string(),
             activation: super::space::activation_text(p.activation),
-            bias: super::space::bias_text(p.bias).unwrap_or_else(|| "none".into()),
+            bias: super::space::bias_text(p.optional).unwrap_or_else(|| "none".into()),
             target: p.target.to_string(),
             device,
             version: env!("CARGO_PKG_VERSION").into(),

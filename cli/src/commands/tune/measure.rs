@@ -104,7 +104,7 @@ impl<W: Elem> Bench for Case<W> {
 
     fn draw(p: &Problem) -> Self {
         let mut case = Case::<W>::new(Op::ExpertFfn, p.dims.shape(), 1);
-        case.bias = p.bias;
+        case.optional = p.optional;
         case
     }
 
@@ -163,14 +163,7 @@ impl<Q: QuantElem, A: QuantAct> Bench for Blocks<Q, A> {
         out: &mut [f32],
     ) -> Result<(), String> {
         let c = &self.case;
-        let inputs = Inputs::ExpertFfn {
-            x: &c.x,
-            idx: &c.idx,
-            weights: &c.weights,
-            gate_up: &self.gate_up,
-            down: &self.down,
-            bias: Default::default(),
-        };
+        let inputs = Inputs::expert_ffn(&c.x, &c.idx, &c.weights, &self.gate_up, &self.down);
         let dtype = moek_kernels::elem::quantized_dtype::<Q, A>();
         let any = AnyInputs::new(&inputs, dtype);
         moek_kernels::backend::run(backend, entry, s, &any, out).map(drop)

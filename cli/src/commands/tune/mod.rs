@@ -12,8 +12,9 @@ mod spyre;
 use super::figures::{Format, print_json};
 use super::{BackendArg, CommandError};
 use moek_kernels::Registry;
-use moek_kernels::dispatch::{Task, choose};
-use moek_kernels::ir::{Activation, DType, Kernel, Op, Target};
+use moek_kernels::dispatch::choose;
+use moek_kernels::ir::tensors::Optional;
+use moek_kernels::ir::{Activation, DType, Function, Kernel, Op, Target};
 use space::{Dims, Problem, Schedule};
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
@@ -175,15 +176,14 @@ pub fn run(registry: &Registry, args: &TuneArgs) -> Result<ExitCode, CommandErro
             "the {target} backend is not part of this build"
         )));
     }
-    let task = Task {
-        activation: p.activation,
-        bias: p.bias,
-        ..Task::from(Op::ExpertFfn)
+    let function = Function {
+        optional: p.optional,
+        ..Function::new(Op::ExpertFfn, p.activation)
     };
     let shape = p.dims.shape();
     // The built-in dispatch picks at these sizes. The measured targets pair every call with it;
     // Spyre, whose built-ins are fixed at their geometries, may have none at a new one.
-    let incumbent = match choose(registry, &backend, task, p.dtype, &shape, None) {
+    let incumbent = match choose(registry, &backend, function, p.dtype, &shape, None) {
         Ok(choice) => Some(super::spec(registry, &choice.kernel)?),
         Err(_) if target == Target::Spyre => None,
         Err(e) => return Err(e.into()),
@@ -288,7 +288,7 @@ pub fn run(registry: &Registry, args: &TuneArgs) -> Result<ExitCode, CommandErro
         dims: p.dims,
         dtype: p.dtype.to_string(),
         activation: space::activation_text(p.activation),
-        bias: space::bias_text(p.bias).unwrap_or_else(|| "none".into()),
+        bias: space::bias_text(p.optional).unwrap_or_else(|| "none".into()),
         target: target.to_string(),
         builtin: incumbent.as_ref().map(|e| e.name().to_string()),
         builtin_figure: search.incumbent_figure,
@@ -457,7 +457,7 @@ fn problem(registry: &Registry, args: &TuneArgs) -> Result<Problem, CommandError
                 },
                 k.dtypes.first().copied(),
                 Some(k.activation),
-                Some(k.bias),
+                Some(k.optional),
             )
         }
         _ => {
@@ -479,19 +479,19 @@ fn problem(registry: &Registry, args: &TuneArgs) -> Result<Problem, CommandError
         Some(a) => activation(a).map_err(usage)?,
         None => spec_activation.unwrap_or_default(),
     };
-    let mut bias = spec_bias.unwrap_or_default();
+    let mut optional = spec_bias.unwrap_or_default();
     for b in &args.bias {
-        match b.as_str() {
-            "gate_up" => bias.gate_up = true,
-            "down" => bias.down = true,
+        optional = optional.with(match b.as_str() {
+            "gate_up" => Optional::GateUpBias,
+            "down" => Optional::DownBias,
             b => return Err(usage(format!("unknown bias `{b}`; valid: gate_up, down"))),
-        }
+        });
     }
     Ok(Problem {
         dims,
         dtype,
         activation,
-        bias,
+        optional,
         target,
     })
 }

@@ -2,7 +2,8 @@
 //! DSL's own checker accepts them: the space is what the grammar can say, legality is the
 //! compiler's, and an illegal candidate is counted by the checker's first reason, never run.
 
-use moek_kernels::ir::{Activation, Bias, DType, Kernel, Target};
+use moek_kernels::ir::tensors::{Optional, Optionals};
+use moek_kernels::ir::{Activation, DType, Kernel, Target};
 use std::collections::BTreeMap;
 
 /// The sizes of an expert FFN (`T` tokens, `R` routes a token, `E` experts, hidden `H`,
@@ -83,16 +84,20 @@ pub struct Problem {
     pub dims: Dims,
     pub dtype: DType,
     pub activation: Activation,
-    pub bias: Bias,
+    /// The optional tensors (the experts' biases).
+    pub optional: Optionals,
     pub target: Target,
 }
 
 /// The biases as a spec writes them (`gate_up, down`), or `None` for none.
-pub fn bias_text(b: Bias) -> Option<String> {
-    let named: Vec<&str> = [(b.gate_up, "gate_up"), (b.down, "down")]
-        .into_iter()
-        .filter_map(|(on, name)| on.then_some(name))
-        .collect();
+pub fn bias_text(o: Optionals) -> Option<String> {
+    let named: Vec<&str> = [
+        (Optional::GateUpBias, "gate_up"),
+        (Optional::DownBias, "down"),
+    ]
+    .into_iter()
+    .filter_map(|(b, name)| o.has(b).then_some(name))
+    .collect();
     (!named.is_empty()).then(|| named.join(", "))
 }
 
@@ -129,7 +134,7 @@ impl Schedule {
         if p.activation != Activation::default() {
             lines.push(("activation".to_string(), activation_text(p.activation)));
         }
-        if let Some(b) = bias_text(p.bias) {
+        if let Some(b) = bias_text(p.optional) {
             lines.push(("bias".to_string(), b));
         }
         lines.extend(self.lines.iter().cloned());
@@ -396,7 +401,7 @@ mod tests {
                 },
                 dtype: k.dtypes[0],
                 activation: k.activation,
-                bias: k.bias,
+                optional: k.optional,
                 target: k.targets[0],
             };
             let text = schedule.spec("again", &p, "");

@@ -17,6 +17,7 @@ use schedule::BlockKind;
 
 use crate::ast::*;
 use crate::errors::Errors;
+use moek_ir::tensors::Optional;
 use moek_ir::*;
 use proc_macro2::Span;
 use std::collections::HashMap;
@@ -145,11 +146,15 @@ impl Checker {
             },
             requires: p.requires.clone(),
             activation: p.activation.map(|a| a.0).unwrap_or_default(),
-            bias: Bias {
-                gate_up: p.bias.iter().any(|b| b.0 == Phase::GateUp),
-                down: p.bias.iter().any(|b| b.0 == Phase::Down),
-            },
-            output_gate: p.output_gate.is_some(),
+            optional: p
+                .bias
+                .iter()
+                .map(|&(phase, _)| match phase {
+                    Phase::GateUp => Optional::GateUpBias,
+                    _ => Optional::DownBias,
+                })
+                .chain(p.output_gate.map(|_| Optional::OutputGate))
+                .collect(),
             quant_block: self.quant_block(&p),
         };
         self.bias_rules(&kernel, &p);

@@ -63,7 +63,10 @@ fn tables(t: &Tables) -> TokenStream {
             quote!(#ir::Activation::SwigluClamped { limit: #limit, alpha: #alpha })
         }
     };
-    let (gate_up, down, output_gate) = (t.bias.gate_up, t.bias.down, t.output_gate);
+    let optional = t.optional.iter().map(|o| {
+        let o = format_ident!("{o:?}");
+        quote!(#ir::tensors::Optional::#o)
+    });
     let [reduce_h, reduce_f, columns_h, columns_f, columns_v] = [
         &t.reduce_h,
         &t.reduce_f,
@@ -81,8 +84,7 @@ fn tables(t: &Tables) -> TokenStream {
             skeleton: #ir::cpu::Skeleton::#skeleton,
             fixed: #cow(&[#(#fixed),*]),
             activation: #activation,
-            bias: #ir::Bias { gate_up: #gate_up, down: #down },
-            output_gate: #output_gate,
+            optional: #ir::tensors::Optionals::NONE #(.with(#optional))*,
             reduce_h: #reduce_h,
             reduce_f: #reduce_f,
             columns_h: #columns_h,
