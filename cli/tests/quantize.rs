@@ -3,12 +3,12 @@
 //! quantized variants that ran.
 
 use moek_kernels::Backend;
+use moek_kernels::ir::BlockFormat;
 use moek_model::checkpoint::{Checkpoint, LoadError, Residence};
 use moek_model::forward::{Cache, CausalLm, Head};
 use moek_model::gemma4::config::Config;
 use moek_model::gemma4::model::Model;
 use moek_model::gemma4::weights;
-use moek_model::quantized::Quant;
 use std::path::{Path, PathBuf};
 
 /// The model's fixture readers (this file uses some of them).
@@ -20,7 +20,7 @@ fn fixture() -> PathBuf {
     common::fixture("tiny-gemma4-moe-f32").0
 }
 
-fn model_of(dir: &Path, quantize: Option<Quant>) -> Model<'static, f32> {
+fn model_of(dir: &Path, quantize: Option<BlockFormat>) -> Model<'static, f32> {
     let cfg = Config::load(dir).unwrap();
     let ck: &'static Checkpoint = Box::leak(Box::new(Checkpoint::open(dir).unwrap()));
     let w = weights::load_quantized::<f32>(ck, &cfg, Residence::Mapped, quantize, |_| {}).unwrap();
@@ -76,10 +76,10 @@ fn a_quantized_checkpoint_loads_as_quantizing_at_load() {
     let src = fixture();
     quantize(src.to_str().unwrap(), "q4_0", dir);
     let ck = Checkpoint::open(&out.0).unwrap();
-    assert_eq!(ck.quantization(), Some(moek_kernels::ir::DType::Q4_0));
+    assert_eq!(ck.quantization(), Some(BlockFormat::Q4_0));
     let tokens = common::ids(&common::fixture("tiny-gemma4-moe-f32").1["tokens"]);
     let stored = all_logits(&model_of(&out.0, None), &tokens);
-    let at_load = all_logits(&model_of(&src, Some(Quant::Q4)), &tokens);
+    let at_load = all_logits(&model_of(&src, Some(BlockFormat::Q4_0)), &tokens);
     let bits = |r: &[Vec<f32>]| -> Vec<u32> { r.iter().flatten().map(|x| x.to_bits()).collect() };
     assert_eq!(bits(&stored), bits(&at_load));
     // The command refuses to write over it, and leaves it whole.
@@ -96,7 +96,7 @@ fn a_quantized_checkpoint_loads_as_quantizing_at_load() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("already holds a checkpoint"));
     assert_eq!(
         Checkpoint::open(&out.0).unwrap().quantization(),
-        Some(moek_kernels::ir::DType::Q4_0)
+        Some(BlockFormat::Q4_0)
     );
 }
 
@@ -173,10 +173,10 @@ fn a_quantized_qwen3_checkpoint_loads_as_quantizing_at_load() {
     let ck = Checkpoint::open(&out.0).unwrap();
     assert_eq!(
         ck.quantized(&["lm_head.weight".into()]),
-        Some(moek_kernels::ir::DType::Q8_0)
+        Some(BlockFormat::Q8_0)
     );
     let expert = "model.layers.1.mlp.experts.0.gate_proj.weight".to_string();
-    assert_eq!(ck.quantized(&[expert]), Some(moek_kernels::ir::DType::Q8_0));
+    assert_eq!(ck.quantized(&[expert]), Some(BlockFormat::Q8_0));
     let open = |dir: &Path, quantize| {
         let options = moek_model::Options {
             quantize,
@@ -187,7 +187,7 @@ fn a_quantized_qwen3_checkpoint_loads_as_quantizing_at_load() {
     };
     let tokens = common::ids(&v["tokens"]);
     let stored = all_logits(&open(&out.0, None), &tokens);
-    let at_load = all_logits(&open(&src, Some(Quant::Q8)), &tokens);
+    let at_load = all_logits(&open(&src, Some(BlockFormat::Q8_0)), &tokens);
     let bits = |r: &[Vec<f32>]| -> Vec<u32> { r.iter().flatten().map(|x| x.to_bits()).collect() };
     assert_eq!(bits(&stored), bits(&at_load));
 }

@@ -251,6 +251,26 @@ pub enum DType {
     Q4_0Bf16,
 }
 
+/// A block-quantized weight format ([`crate::quant`]): values in blocks under one f16 scale,
+/// at the block size a spec declares. Named as specs spell it; a spec dtype pairs it with the
+/// activations beside it ([`DType::quantized`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockFormat {
+    Q8_0,
+    Q4_0,
+}
+
+impl BlockFormat {
+    /// Bytes one block of `block` values takes, its f16 scale included.
+    pub const fn block_bytes(self, block: usize) -> usize {
+        match self {
+            BlockFormat::Q8_0 => 2 + block,
+            BlockFormat::Q4_0 => 2 + block / 2,
+        }
+    }
+}
+
 /// How an op's tensors are stored: a spec dtype (plain, or weights in blocks beside an
 /// activation dtype) and the values one stored weight element holds (1 plain, the block size
 /// for blocks).
@@ -547,6 +567,7 @@ names!(DType {
     Q8_0Bf16 => "q8_0_bf16",
     Q4_0Bf16 => "q4_0_bf16",
 });
+names!(BlockFormat { Q8_0 => "q8_0", Q4_0 => "q4_0" });
 names!(Target { Cpu => "cpu", Wgpu => "wgpu", Spyre => "spyre" });
 names!(Capability {
     IndexedSelectionLayout => "indexed_selection_layout",
@@ -644,27 +665,27 @@ impl DType {
 
     /// Whether weights of this dtype are stored in quantized blocks.
     pub fn is_quantized(self) -> bool {
-        self.block_format().is_some()
+        self.blocks().is_some()
     }
 
-    /// The block format a quantized dtype stores its weights in (`Q8_0` or `Q4_0`, whatever its
-    /// activations); `None` for the plain dtypes.
-    pub fn block_format(self) -> Option<DType> {
+    /// The block format a quantized dtype stores its weights in, whatever its activations;
+    /// `None` for the plain dtypes.
+    pub const fn blocks(self) -> Option<BlockFormat> {
         match self {
-            DType::Q8_0 | DType::Q8_0Bf16 => Some(DType::Q8_0),
-            DType::Q4_0 | DType::Q4_0Bf16 => Some(DType::Q4_0),
+            DType::Q8_0 | DType::Q8_0Bf16 => Some(BlockFormat::Q8_0),
+            DType::Q4_0 | DType::Q4_0Bf16 => Some(BlockFormat::Q4_0),
             DType::F16 | DType::Bf16 | DType::F32 => None,
         }
     }
 
-    /// The quantized dtype of blocks `format` (`Q8_0` or `Q4_0`) beside activations `act`
-    /// (`F32` or `Bf16`); `None` for other pairs.
-    pub const fn quantized(format: DType, act: DType) -> Option<DType> {
-        match (format, act) {
-            (DType::Q8_0, DType::F32) => Some(DType::Q8_0),
-            (DType::Q4_0, DType::F32) => Some(DType::Q4_0),
-            (DType::Q8_0, DType::Bf16) => Some(DType::Q8_0Bf16),
-            (DType::Q4_0, DType::Bf16) => Some(DType::Q4_0Bf16),
+    /// The dtype of weights in `blocks` beside activations `act` (`F32` or `Bf16`); `None` for
+    /// other activations.
+    pub const fn quantized(blocks: BlockFormat, act: DType) -> Option<DType> {
+        match (blocks, act) {
+            (BlockFormat::Q8_0, DType::F32) => Some(DType::Q8_0),
+            (BlockFormat::Q4_0, DType::F32) => Some(DType::Q4_0),
+            (BlockFormat::Q8_0, DType::Bf16) => Some(DType::Q8_0Bf16),
+            (BlockFormat::Q4_0, DType::Bf16) => Some(DType::Q4_0Bf16),
             _ => None,
         }
     }
@@ -672,10 +693,7 @@ impl DType {
     /// Bytes one block of `block` values takes in a quantized dtype (its f16 scale included);
     /// `None` for the plain ones.
     pub fn block_bytes(self, block: usize) -> Option<usize> {
-        match self.block_format()? {
-            DType::Q8_0 => Some(2 + block),
-            _ => Some(2 + block / 2),
-        }
+        Some(self.blocks()?.block_bytes(block))
     }
 
     /// The dtype activations are in: f32 or bf16 beside quantized weights (as the dtype says),

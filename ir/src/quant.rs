@@ -19,7 +19,7 @@
 //! f64 reference of a quantized variant is the reference of these dequantized weights, with no
 //! rounding of its own.
 
-use crate::DType;
+use crate::BlockFormat;
 use half::f16;
 
 /// Values in one group: what the kernels read at a time, the unit activations are quantized in,
@@ -105,8 +105,8 @@ impl<const G: usize> Packed for BlockQ4<G> {
 
 /// A block-quantized weight format at one block size ([`Packed::VALUES`] values a block).
 pub trait Quantized: Packed + Default + Send + Sync + PartialEq + std::fmt::Debug {
-    /// The spec dtype that stores weights in this format (with f32 activations).
-    const DTYPE: DType;
+    /// The format these blocks are.
+    const FORMAT: BlockFormat;
     /// Groups of [`GROUP`] values a block holds.
     const GROUPS: usize = Self::VALUES / GROUP;
     /// The block's scale.
@@ -125,7 +125,7 @@ pub trait Quantized: Packed + Default + Send + Sync + PartialEq + std::fmt::Debu
 }
 
 impl<const G: usize> Quantized for BlockQ8<G> {
-    const DTYPE: DType = DType::Q8_0;
+    const FORMAT: BlockFormat = BlockFormat::Q8_0;
 
     fn scale(&self) -> f32 {
         f16::from_bits(self.d).to_f32()
@@ -172,7 +172,7 @@ impl<const G: usize> BlockQ4<G> {
 }
 
 impl<const G: usize> Quantized for BlockQ4<G> {
-    const DTYPE: DType = DType::Q4_0;
+    const FORMAT: BlockFormat = BlockFormat::Q4_0;
 
     fn scale(&self) -> f32 {
         f16::from_bits(self.d).to_f32()

@@ -97,7 +97,7 @@ impl QuantAct for bf16 {
 
 /// The spec dtype of weights in blocks of `Q` beside activations in `A`.
 pub const fn quantized_dtype<Q: QuantElem, A: QuantAct>() -> DType {
-    match DType::quantized(Q::DTYPE, A::DTYPE) {
+    match DType::quantized(Q::FORMAT, A::DTYPE) {
         Some(d) => d,
         None => panic!("every block format pairs with f32 and bf16"),
     }
@@ -110,38 +110,38 @@ pub const fn quantized_dtype<Q: QuantElem, A: QuantAct>() -> DType {
 #[doc(hidden)]
 macro_rules! with_block {
     ($dtype:expr, $block:expr, |$Q:ident| $body:expr) => {{
-        use $crate::__private::ir::DType;
+        use $crate::__private::ir::BlockFormat;
         use $crate::__private::ir::quant::{BlockQ4, BlockQ8};
-        match ($dtype.block_format(), $block) {
-            (Some(DType::Q8_0), 32) => {
+        match ($dtype.blocks(), $block) {
+            (Some(BlockFormat::Q8_0), 32) => {
                 type $Q = BlockQ8<1>;
                 $body
             }
-            (Some(DType::Q8_0), 64) => {
+            (Some(BlockFormat::Q8_0), 64) => {
                 type $Q = BlockQ8<2>;
                 $body
             }
-            (Some(DType::Q8_0), 128) => {
+            (Some(BlockFormat::Q8_0), 128) => {
                 type $Q = BlockQ8<4>;
                 $body
             }
-            (Some(DType::Q8_0), 256) => {
+            (Some(BlockFormat::Q8_0), 256) => {
                 type $Q = BlockQ8<8>;
                 $body
             }
-            (Some(DType::Q4_0), 32) => {
+            (Some(BlockFormat::Q4_0), 32) => {
                 type $Q = BlockQ4<1>;
                 $body
             }
-            (Some(DType::Q4_0), 64) => {
+            (Some(BlockFormat::Q4_0), 64) => {
                 type $Q = BlockQ4<2>;
                 $body
             }
-            (Some(DType::Q4_0), 128) => {
+            (Some(BlockFormat::Q4_0), 128) => {
                 type $Q = BlockQ4<4>;
                 $body
             }
-            (Some(DType::Q4_0), 256) => {
+            (Some(BlockFormat::Q4_0), 256) => {
                 type $Q = BlockQ4<8>;
                 $body
             }

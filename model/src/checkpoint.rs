@@ -5,7 +5,7 @@
 use half::{bf16, f16};
 use memmap2::Mmap;
 use moek_kernels::Elem;
-use moek_kernels::ir::DType;
+use moek_kernels::ir::BlockFormat;
 use moek_kernels::ir::quant::Quantized;
 use safetensors::{Dtype, SafeTensors};
 use std::borrow::Cow;
@@ -64,7 +64,7 @@ pub enum LoadError {
     Blocks {
         tensor: String,
         row: usize,
-        format: DType,
+        format: BlockFormat,
     },
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
@@ -127,7 +127,7 @@ pub struct Checkpoint {
     entries: HashMap<String, Entry>,
     /// The quantized format its `u8` tensors are stored in (`moek quantize` names it in each
     /// file's metadata, [`QUANTIZATION_KEY`]).
-    quantization: Option<DType>,
+    quantization: Option<BlockFormat>,
 }
 
 /// The safetensors metadata key naming the block format of a checkpoint's quantized tensors
@@ -232,13 +232,13 @@ impl Checkpoint {
     }
 
     /// The block format the checkpoint's quantized tensors are in, if it has any.
-    pub fn quantization(&self) -> Option<DType> {
+    pub fn quantization(&self) -> Option<BlockFormat> {
         self.quantization
     }
 
     /// The block format of the first of `names` present, if it is stored quantized (a `u8`
     /// tensor in a checkpoint that names its format).
-    pub fn quantized(&self, names: &[String]) -> Option<DType> {
+    pub fn quantized(&self, names: &[String]) -> Option<BlockFormat> {
         let (_, e) = self.find(names).ok()?;
         (e.dtype == Dtype::U8)
             .then_some(self.quantization)
@@ -255,10 +255,10 @@ impl Checkpoint {
         residence: Residence,
     ) -> Result<Cow<'_, [Q]>, LoadError> {
         let (name, e) = self.find(names)?;
-        if self.quantization != Some(Q::DTYPE) || e.dtype != Dtype::U8 {
+        if self.quantization != Some(Q::FORMAT) || e.dtype != Dtype::U8 {
             return Err(LoadError::DType {
                 tensor: name.to_string(),
-                expected: format!("U8 blocks of {}", Q::DTYPE),
+                expected: format!("U8 blocks of {}", Q::FORMAT),
                 found: match self.quantization {
                     Some(q) => format!("{:?} in a {q} checkpoint", e.dtype),
                     None => format!("{:?} in a checkpoint with no quantized format", e.dtype),
@@ -287,7 +287,7 @@ impl Checkpoint {
             return Err(LoadError::Blocks {
                 tensor: self.find(names)?.0.to_string(),
                 row,
-                format: Q::DTYPE,
+                format: Q::FORMAT,
             });
         }
         let e = self.find(names)?.1;
@@ -537,7 +537,7 @@ pub fn block_shape<Q: Quantized>(shape: &[usize]) -> Vec<usize> {
 }
 
 /// The quantized format `map`'s metadata names, if any (an unknown one is an error).
-fn quantization_of(path: &Path, map: &[u8]) -> Result<Option<DType>, LoadError> {
+fn quantization_of(path: &Path, map: &[u8]) -> Result<Option<BlockFormat>, LoadError> {
     let (_, meta) = SafeTensors::read_metadata(map).map_err(|e| LoadError::Format {
         path: path.to_path_buf(),
         why: e.to_string(),
@@ -549,12 +549,14 @@ fn quantization_of(path: &Path, map: &[u8]) -> Result<Option<DType>, LoadError> 
     else {
         return Ok(None);
     };
-    // A block format (`q8_0`, `q4_0`), not a pairing with activations (`q8_0_bf16`).
-    match DType::from_name(name).filter(|d| d.block_format() == Some(*d)) {
-        Some(d) => Ok(Some(d)),
+    match BlockFormat::from_name(name) {
+        Some(b) => Ok(Some(b)),
         None => Err(LoadError::Format {
             path: path.to_path_buf(),
-            why: format!("its metadata names the quantized format `{name}`; known: q8_0, q4_0"),
+            why: format!(
+                "its metadata names the quantized format `{name}`; known: {}",
+                BlockFormat::valid_names()
+            ),
         }),
     }
 }

@@ -6,9 +6,9 @@
 use crate::checkpoint::{Checkpoint, LoadError, Residence};
 use crate::config::Family;
 use crate::forward::{Cache, CausalLm, Head, Kernels, ModelError, Trace};
-use crate::quantized::Quant;
 use crate::{gemma4, qwen3};
 use half::{bf16, f16};
+use moek_kernels::ir::BlockFormat;
 use moek_kernels::ir::{Activation, DType};
 use moek_kernels::{Backend, Registry, Shape};
 use safetensors::Dtype;
@@ -23,7 +23,7 @@ pub struct Options {
     /// The specs dispatch chooses from (`Registry::builtin()`, or a user's ahead of them).
     pub registry: Arc<Registry>,
     /// Quantize the expert banks (and the embedding) to these blocks as they are loaded.
-    pub quantize: Option<Quant>,
+    pub quantize: Option<BlockFormat>,
     /// Where the weight matrices live (`None`: huge pages on the CPU, mapped elsewhere).
     pub weights: Option<Residence>,
     /// Force this MoE variant; one that cannot serve the model fails before any state changes.

@@ -10,44 +10,13 @@
 use crate::checkpoint::{Checkpoint, LoadError, QUANTIZATION_KEY, Residence, block_shape};
 use half::{bf16, f16};
 use moek_kernels::Elem;
-use moek_kernels::ir::DType;
 use moek_kernels::ir::quant::{BLOCK, BlockQ4_0, BlockQ8_0, Quantized};
+use moek_kernels::ir::{BlockFormat, DType};
 use rayon::prelude::*;
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 use std::borrow::Cow;
 use std::path::Path;
-
-/// A quantized weight format, as `--quantize` and `--dtype` name it: spelled as specs spell the
-/// dtype (`q8_0`, `q4_0`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Quant {
-    /// Q8_0: 8-bit values and an f16 scale per 32 (8.5 bits a weight).
-    #[value(name = "q8_0")]
-    Q8,
-    /// Q4_0: 4-bit values and an f16 scale per 32 (4.5 bits a weight).
-    #[value(name = "q4_0")]
-    Q4,
-}
-
-impl Quant {
-    /// The kernel dtype of the format.
-    pub fn dtype(self) -> DType {
-        match self {
-            Quant::Q8 => DType::Q8_0,
-            Quant::Q4 => DType::Q4_0,
-        }
-    }
-
-    /// The format of a quantized kernel dtype.
-    pub fn of(dtype: DType) -> Option<Quant> {
-        match dtype {
-            DType::Q8_0 => Some(Quant::Q8),
-            DType::Q4_0 => Some(Quant::Q4),
-            _ => None,
-        }
-    }
-}
 
 /// A weight matrix as it is stored: in the model's element type `W`, or in blocks.
 #[derive(Debug)]
@@ -99,11 +68,11 @@ impl<W: Elem> Stored<'_, W> {
     }
 
     /// `values` in `quant`'s blocks (as they are, for `None`).
-    pub fn quantize(values: Cow<'_, [W]>, quant: Option<Quant>) -> Stored<'_, W> {
+    pub fn quantize(values: Cow<'_, [W]>, quant: Option<BlockFormat>) -> Stored<'_, W> {
         match quant {
             None => Stored::Plain(values),
-            Some(Quant::Q8) => Stored::Q8_0(Cow::Owned(blocks(&values))),
-            Some(Quant::Q4) => Stored::Q4_0(Cow::Owned(blocks(&values))),
+            Some(BlockFormat::Q8_0) => Stored::Q8_0(Cow::Owned(blocks(&values))),
+            Some(BlockFormat::Q4_0) => Stored::Q4_0(Cow::Owned(blocks(&values))),
         }
     }
 }
@@ -115,14 +84,18 @@ pub fn read_bank<'c, W: Elem>(
     names: &[String],
     shape: &[usize],
     residence: Residence,
-    quantize: Option<Quant>,
+    quantize: Option<BlockFormat>,
 ) -> Result<Stored<'c, W>, LoadError> {
     match (ck.quantized(names), quantize) {
-        (Some(DType::Q8_0), _) => Ok(Stored::Q8_0(ck.blocks(names, shape, residence)?)),
+        (Some(BlockFormat::Q8_0), _) => Ok(Stored::Q8_0(ck.blocks(names, shape, residence)?)),
         (Some(_), _) => Ok(Stored::Q4_0(ck.blocks(names, shape, residence)?)),
         (None, None) => Ok(Stored::Plain(ck.matrix(names, shape, residence)?)),
-        (None, Some(Quant::Q8)) => Ok(Stored::Q8_0(Cow::Owned(ck.quantize::<W, _>(names, shape)?))),
-        (None, Some(Quant::Q4)) => Ok(Stored::Q4_0(Cow::Owned(ck.quantize::<W, _>(names, shape)?))),
+        (None, Some(BlockFormat::Q8_0)) => {
+            Ok(Stored::Q8_0(Cow::Owned(ck.quantize::<W, _>(names, shape)?)))
+        }
+        (None, Some(BlockFormat::Q4_0)) => {
+            Ok(Stored::Q4_0(Cow::Owned(ck.quantize::<W, _>(names, shape)?)))
+        }
     }
 }
 
@@ -130,13 +103,13 @@ pub fn read_bank<'c, W: Elem>(
 /// quantizes (`quantized`, the family row's choice) at `quantize`'s size when that is set.
 pub fn resident_bytes(
     ck: &Checkpoint,
-    quantize: Option<Quant>,
+    quantize: Option<BlockFormat>,
     quantized: fn(&str) -> bool,
 ) -> usize {
     ck.sizes()
         .map(|(name, dtype, bytes)| match quantize {
             Some(q) if quantized(name) && dtype != safetensors::Dtype::U8 => {
-                let stored = q.dtype().block_bytes(BLOCK).expect("a quantized dtype") as f64;
+                let stored = q.block_bytes(BLOCK) as f64;
                 let per_value = stored / BLOCK as f64;
                 (bytes as f64 / dtype.bitsize() as f64 * 8.0 * per_value) as usize
             }
@@ -159,7 +132,7 @@ pub fn quantized_tensor(name: &str) -> bool {
 pub fn write_quantized(
     ck: &Checkpoint,
     quantized: fn(&str) -> bool,
-    quant: Quant,
+    quant: BlockFormat,
     path: &Path,
 ) -> Result<(), LoadError> {
     fn blocks_of<Q: Quantized>(
@@ -183,13 +156,13 @@ pub fn write_quantized(
         let plain = matches!(dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32);
         tensors.push(if quantized(name) && plain && shape.len() >= 2 {
             match quant {
-                Quant::Q8 => (
+                BlockFormat::Q8_0 => (
                     name,
                     Dtype::U8,
                     block_shape::<BlockQ8_0>(shape),
                     Cow::Owned(blocks_of::<BlockQ8_0>(ck, name, dtype, shape)?),
                 ),
-                Quant::Q4 => (
+                BlockFormat::Q4_0 => (
                     name,
                     Dtype::U8,
                     block_shape::<BlockQ4_0>(shape),
@@ -212,10 +185,8 @@ pub fn write_quantized(
                 .map_err(|e| format(format!("`{name}` cannot be written: {e}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let metadata = std::collections::HashMap::from([(
-        QUANTIZATION_KEY.to_string(),
-        quant.dtype().name().to_string(),
-    )]);
+    let metadata =
+        std::collections::HashMap::from([(QUANTIZATION_KEY.to_string(), quant.name().to_string())]);
     safetensors::serialize_to_file(views, Some(metadata), path).map_err(|e| format(e.to_string()))
 }
 
@@ -251,7 +222,8 @@ mod tests {
         let values: Vec<bf16> = (0..4 * BLOCK)
             .map(|i| bf16::from_f32((i as f32 * 0.37).sin()))
             .collect();
-        let Stored::Q8_0(b) = Stored::quantize(Cow::Borrowed(&values[..]), Some(Quant::Q8)) else {
+        let Stored::Q8_0(b) = Stored::quantize(Cow::Borrowed(&values[..]), Some(BlockFormat::Q8_0))
+        else {
             panic!("asked for Q8_0");
         };
         assert_eq!(b.len(), 4);

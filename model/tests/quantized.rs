@@ -14,13 +14,14 @@
 //! largest logit error the quantized model shows on the prompt's rows.
 
 use moek_kernels::Backend;
+use moek_kernels::ir::BlockFormat;
 use moek_model::checkpoint::{Checkpoint, Residence};
 use moek_model::forward::{Cache, CausalLm, Head};
 use moek_model::gemma4::config::Config;
 use moek_model::gemma4::model::Model;
 use moek_model::gemma4::weights;
 use moek_model::generate::{Sampling, generate};
-use moek_model::quantized::{Quant, Stored};
+use moek_model::quantized::Stored;
 use std::path::{Path, PathBuf};
 
 mod common;
@@ -73,11 +74,11 @@ fn deviation(got: &[Vec<f32>], want: &[Vec<f32>]) -> (f64, f64) {
     ((num / den).sqrt(), max)
 }
 
-fn model_of(dir: &Path, quantize: Option<Quant>) -> Model<'static, f32> {
+fn model_of(dir: &Path, quantize: Option<BlockFormat>) -> Model<'static, f32> {
     model_on(dir, quantize, Backend::cpu())
 }
 
-fn model_on(dir: &Path, quantize: Option<Quant>, backend: Backend) -> Model<'static, f32> {
+fn model_on(dir: &Path, quantize: Option<BlockFormat>, backend: Backend) -> Model<'static, f32> {
     let cfg = Config::load(dir).unwrap();
     let ck: &'static Checkpoint = Box::leak(Box::new(Checkpoint::open(dir).unwrap()));
     let w = weights::load_quantized::<f32>(ck, &cfg, Residence::Mapped, quantize, |_| {}).unwrap();
@@ -90,11 +91,11 @@ fn all_logits(model: &impl CausalLm, tokens: &[u32]) -> Vec<Vec<f32>> {
         .unwrap()
 }
 
-fn check(quant: Quant, bound: f64) -> usize {
+fn check(quant: BlockFormat, bound: f64) -> usize {
     check_on(quant, bound, Backend::cpu())
 }
 
-fn check_on(quant: Quant, bound: f64, backend: Backend) -> usize {
+fn check_on(quant: BlockFormat, bound: f64, backend: Backend) -> usize {
     let e = expected();
     let target = backend.target;
     let model = model_on(&fixture(), Some(quant), backend);
@@ -128,7 +129,12 @@ fn check_on(quant: Quant, bound: f64, backend: Backend) -> usize {
 /// Per greedy step, the quantized model's largest logit error on that step's row, against the
 /// plain f32 model (which matches transformers to 1e-6, tests/oracle.rs) on the reference's
 /// own token stream: a token can change only where the margin is at most twice it.
-fn certain_steps(quant: Quant, model: &impl CausalLm, plain: &impl CausalLm, st: &Stream) -> usize {
+fn certain_steps(
+    quant: BlockFormat,
+    model: &impl CausalLm,
+    plain: &impl CausalLm,
+    st: &Stream,
+) -> usize {
     let stream = [&st.tokens[..], &st.greedy[..st.greedy.len() - 1]].concat();
     let (q, f) = (all_logits(model, &stream), all_logits(plain, &stream));
     let first = st.tokens.len() - 1;
@@ -158,7 +164,7 @@ fn certain_steps(quant: Quant, model: &impl CausalLm, plain: &impl CausalLm, st:
 
 #[test]
 fn q8_0_logits_stay_within_the_formats_bound() {
-    let compared = check(Quant::Q8, 0.17);
+    let compared = check(BlockFormat::Q8_0, 0.17);
     assert!(
         compared >= 1,
         "Q8_0 keeps at least the first greedy step certain"
@@ -167,7 +173,7 @@ fn q8_0_logits_stay_within_the_formats_bound() {
 
 #[test]
 fn q4_0_logits_stay_within_the_formats_bound() {
-    check(Quant::Q4, 0.8);
+    check(BlockFormat::Q4_0, 0.8);
 }
 
 /// The wgpu variants (blocks dequantized exactly, f32 activations never rounded) carry the
@@ -175,7 +181,7 @@ fn q4_0_logits_stay_within_the_formats_bound() {
 /// a quantized variant on wgpu, not fallen back.
 #[test]
 fn quantized_logits_on_wgpu_stay_within_the_formats_bounds() {
-    for (quant, bound) in [(Quant::Q8, 0.17), (Quant::Q4, 0.8)] {
+    for (quant, bound) in [(BlockFormat::Q8_0, 0.17), (BlockFormat::Q4_0, 0.8)] {
         check_on(quant, bound, Backend::wgpu());
         let model = model_on(&fixture(), Some(quant), Backend::wgpu());
         let mut trace = vec![];
@@ -215,7 +221,7 @@ fn qwen3_quantized_at_load_stays_within_the_formats_bound() {
         &ck,
         &cfg,
         Residence::Mapped,
-        Some(Quant::Q8),
+        Some(BlockFormat::Q8_0),
         |_| {},
     )
     .unwrap();
@@ -237,7 +243,7 @@ fn qwen3_quantized_at_load_stays_within_the_formats_bound() {
 #[test]
 fn a_forced_plain_variant_over_quantized_banks_fails_before_the_cache_changes() {
     let options = moek_model::Options {
-        quantize: Some(Quant::Q8),
+        quantize: Some(BlockFormat::Q8_0),
         variant: Some("general_expert_ffn_gather".into()),
         weights: Some(Residence::Mapped),
         ..moek_model::Options::default()

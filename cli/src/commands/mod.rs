@@ -13,7 +13,7 @@ pub mod spyre;
 pub mod tune;
 
 use moek_kernels::dispatch::Backend;
-use moek_kernels::ir::Target;
+use moek_kernels::ir::{BlockFormat, Target};
 use thiserror::Error;
 
 /// The one command-line name of a backend (`--backend`). `wgsl` is accepted for `wgpu`: it is
@@ -77,6 +77,13 @@ pub enum CommandError {
     Model(#[from] moek_model::forward::ModelError),
     #[error("{0}")]
     Usage(String),
+}
+
+/// A block format as specs spell it (`q8_0`, `q4_0`), the one spelling on the command line too.
+pub fn block_formats() -> impl clap::builder::TypedValueParser<Value = BlockFormat> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(BlockFormat::ALL.iter().map(|b| b.name()))
+        .map(|s| BlockFormat::from_name(&s).expect("one of the possible values"))
 }
 
 /// The spec named `name` in `registry`.

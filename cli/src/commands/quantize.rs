@@ -5,9 +5,9 @@
 //! tokenizer files are copied beside it.
 
 use super::CommandError;
+use moek_kernels::ir::BlockFormat;
 use moek_model::checkpoint::{Checkpoint, LoadError};
 use moek_model::config::Family;
-use moek_model::quantized::Quant;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -17,8 +17,8 @@ pub struct QuantizeArgs {
     #[arg(long)]
     pub model: PathBuf,
     /// The block format of the expert banks.
-    #[arg(long, value_enum)]
-    pub dtype: Quant,
+    #[arg(long, value_parser = super::block_formats())]
+    pub dtype: BlockFormat,
     /// The directory to write (created if missing; it must not hold a checkpoint already).
     #[arg(long)]
     pub out: PathBuf,
@@ -88,7 +88,7 @@ pub fn run(args: &QuantizeArgs) -> Result<ExitCode, CommandError> {
     println!(
         "wrote `{}`: the expert banks and the largest matrices in {} blocks, every other tensor as stored; {before} -> {after} bytes ({:.2}x)",
         target.display(),
-        args.dtype.dtype(),
+        args.dtype,
         after as f64 / before as f64
     );
     Ok(ExitCode::SUCCESS)

@@ -3,11 +3,11 @@
 
 use super::figures::Format;
 use super::{BackendArg, CommandError};
+use moek_kernels::ir::BlockFormat;
 use moek_model::checkpoint::Residence;
 use moek_model::forward::{Cache, CausalLm, Head, Trace};
 use moek_model::generate::{Sampling, generate};
 use moek_model::open::Options;
-use moek_model::quantized::Quant;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -41,8 +41,8 @@ pub struct ModelArgs {
     /// Quantize the expert banks to these blocks as they are loaded (banks a checkpoint already
     /// stores quantized are read as they are; attention, the dense MLP, the router and the
     /// embedding stay in the checkpoint's dtype).
-    #[arg(long, value_enum)]
-    pub quantize: Option<Quant>,
+    #[arg(long, value_parser = super::block_formats())]
+    pub quantize: Option<BlockFormat>,
     /// Specs as `moek tune --write` writes them (several may follow one another in the file):
     /// checked as `kernel!` checks them, run from their schedules (no rebuild), ranked ahead of
     /// the built-ins. `--explain` names the ones that ran.

@@ -116,7 +116,7 @@ impl<Q: QuantElem> QuantCase<Q> {
 }
 
 impl<Q: QuantElem> Drawn for QuantCase<Q> {
-    const DTYPE: DType = Q::DTYPE;
+    const DTYPE: DType = crate::elem::quantized_dtype::<Q, f32>();
     const VALUES: usize = Q::VALUES;
 
     fn draw(op: Op, s: Shape, seed: u64) -> Self {
@@ -150,10 +150,10 @@ impl<Q: QuantElem> Drawn for QuantCase<Q> {
         out: &mut [f32],
     ) -> Result<Ran, String> {
         assert_eq!(
-            dtype.block_format(),
-            Some(Q::DTYPE),
+            dtype.blocks(),
+            Some(Q::FORMAT),
             "a case of {} runs that format",
-            Q::DTYPE
+            Q::FORMAT
         );
         match dtype.activation() {
             DType::F32 => self.run_beside(on, entry, &self.exact.x, out),

@@ -1,9 +1,9 @@
 //! Tensors: planned in whole-row chunks under the binding limit, declared, and read through one loader per chunk.
 
 use super::{Emitter, Store, WgslError};
-use moek_ir::DType;
 use moek_ir::plan::{BufferRole, TensorPlan};
 use moek_ir::tensors::{ElemClass, TensorRole};
+use moek_ir::{BlockFormat, DType};
 use std::fmt::Write;
 
 impl Emitter<'_> {
@@ -221,21 +221,16 @@ impl Emitter<'_> {
     fn block_loaders(&self, var: &str, t: &TensorPlan) -> String {
         let bytes = t.elem_bytes;
         let block = self.k.quant_block;
-        let value = match self
-            .dtype
-            .block_format()
-            .expect("blocks of a quantized dtype")
-        {
-            DType::Q8_0 => {
+        let value = match self.dtype.blocks().expect("blocks of a quantized dtype") {
+            BlockFormat::Q8_0 => {
                 "let q = bitcast<i32>(byte_VAR(o + 2u + j) << 24u) >> 24u;\n    \
                             return d * f32(q);"
             }
-            DType::Q4_0 => {
+            BlockFormat::Q4_0 => {
                 "let b = byte_VAR(o + 2u + (j >> 5u) * 16u + (j & 15u));\n    \
                             let n = select(b & 15u, b >> 4u, (j & 31u) >= 16u);\n    \
                             return d * (f32(n) - 8.0);"
             }
-            d => unreachable!("{d} is not a block format"),
         };
         format!(
             "fn byte_VAR(o: u32) -> u32 {{\n    \

@@ -5,8 +5,9 @@
 use crate::checkpoint::LoadError;
 use crate::gemma4::config::{Attention, Config, Layer, Moe, Rope};
 use crate::gemma4::weights::{Source, Weights, build};
-use crate::quantized::{Quant, Stored};
+use crate::quantized::Stored;
 use moek_kernels::Elem;
+use moek_kernels::ir::BlockFormat;
 use moek_kernels::testing::{uniform, uniform_blocks};
 use std::borrow::Cow;
 
@@ -67,12 +68,12 @@ pub struct Draw {
     matrices: u64,
     vectors: u64,
     scalars: usize,
-    quantize: Option<Quant>,
+    quantize: Option<BlockFormat>,
 }
 
 impl Draw {
     /// The tiny model's draw with expert banks in `quantize`'s blocks.
-    pub fn quantized(quantize: Option<Quant>) -> Draw {
+    pub fn quantized(quantize: Option<BlockFormat>) -> Draw {
         Draw {
             quantize,
             ..Draw::default()
@@ -111,8 +112,8 @@ impl<W: Elem> Source<'static, W> for Draw {
         };
         let (n, seed, scale) = self.next_matrix(names, shape);
         Ok(match quant {
-            Quant::Q8 => Stored::Q8_0(Cow::Owned(uniform_blocks::<W, _>(n, seed, scale))),
-            Quant::Q4 => Stored::Q4_0(Cow::Owned(uniform_blocks::<W, _>(n, seed, scale))),
+            BlockFormat::Q8_0 => Stored::Q8_0(Cow::Owned(uniform_blocks::<W, _>(n, seed, scale))),
+            BlockFormat::Q4_0 => Stored::Q4_0(Cow::Owned(uniform_blocks::<W, _>(n, seed, scale))),
         })
     }
 

@@ -9,8 +9,9 @@ use crate::checkpoint::{
     Checkpoint, LoadError, QUANTIZATION_KEY, Residence, block_shape, dtype_of,
 };
 use crate::gemma4::config::{Config, Moe};
-use crate::quantized::{Quant, Stored};
+use crate::quantized::Stored;
 use moek_kernels::Elem;
+use moek_kernels::ir::BlockFormat;
 use moek_kernels::ir::DType;
 use moek_kernels::ir::quant::{BlockQ4_0, BlockQ8_0};
 use safetensors::Dtype;
@@ -233,7 +234,7 @@ pub fn build<'c, W: Clone>(
 pub struct FromCheckpoint<'c> {
     pub checkpoint: &'c Checkpoint,
     pub residence: Residence,
-    pub quantize: Option<Quant>,
+    pub quantize: Option<BlockFormat>,
 }
 
 impl<'c, W: Elem> Source<'c, W> for FromCheckpoint<'c> {
@@ -267,7 +268,7 @@ pub fn load_quantized<'c, W: Elem>(
     ck: &'c Checkpoint,
     cfg: &Config,
     residence: Residence,
-    quantize: Option<Quant>,
+    quantize: Option<BlockFormat>,
     progress: impl FnMut(usize),
 ) -> Result<Weights<'c, W>, LoadError> {
     let mut src = FromCheckpoint {

@@ -6,9 +6,9 @@
 
 use super::config::{Config, Mlp as Kind};
 use crate::checkpoint::{Checkpoint, LoadError, Residence};
-use crate::quantized::{Quant, Stored, read_bank};
+use crate::quantized::{Stored, read_bank};
 use moek_kernels::Elem;
-use moek_kernels::ir::DType;
+use moek_kernels::ir::BlockFormat;
 use std::borrow::Cow;
 
 /// `self_attn.*`.
@@ -126,7 +126,7 @@ pub fn load_quantized<'c, W: Elem>(
     ck: &'c Checkpoint,
     cfg: &Config,
     residence: Residence,
-    quantize: Option<Quant>,
+    quantize: Option<BlockFormat>,
     mut progress: impl FnMut(usize),
 ) -> Result<Weights<'c, W>, LoadError> {
     let (h, v, d) = (cfg.hidden_size, cfg.vocab_size, cfg.head_dim);
@@ -169,7 +169,7 @@ pub fn load_quantized<'c, W: Elem>(
                     .collect();
                 let down: Vec<_> = (0..e).map(|j| expert(j, "down_proj", [h, f])).collect();
                 let bank = |parts: &[(Vec<String>, Vec<usize>)]| match ck.quantized(&parts[0].0) {
-                    Some(DType::Q8_0) => Ok(Stored::Q8_0(Cow::Owned(
+                    Some(BlockFormat::Q8_0) => Ok(Stored::Q8_0(Cow::Owned(
                         ck.gather_blocks(parts, residence)?,
                     ))),
                     Some(_) => Ok::<_, LoadError>(Stored::Q4_0(Cow::Owned(

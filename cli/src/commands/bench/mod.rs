@@ -33,12 +33,12 @@ pub struct BenchArgs {
     pub from_file: Option<moek_model::checkpoint::Residence>,
     /// Model bench: the expert banks drawn straight into these quantized blocks (the rest stays
     /// bf16); bytes per decode step are counted as stored.
-    #[arg(long, value_enum)]
-    pub dtype: Option<moek_model::quantized::Quant>,
+    #[arg(long, value_parser = super::block_formats())]
+    pub dtype: Option<moek_kernels::ir::BlockFormat>,
     /// Model bench with `--from-file`: the bf16 file written, its expert banks and embedding
     /// quantized to these blocks as they are loaded (as `--quantize` on `logits`/`generate`).
-    #[arg(long, value_enum, requires = "from_file", conflicts_with = "dtype")]
-    pub quantize: Option<moek_model::quantized::Quant>,
+    #[arg(long, value_parser = super::block_formats(), requires = "from_file", conflicts_with = "dtype")]
+    pub quantize: Option<moek_kernels::ir::BlockFormat>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -320,7 +320,7 @@ fn timed(
         geometry: geometry.into(),
         layers,
         backend: format!("{backend:?}").to_lowercase(),
-        quantized: args.dtype.or(args.quantize).map(|q| q.dtype().to_string()),
+        quantized: args.dtype.or(args.quantize).map(|q| q.to_string()),
         weights: args
             .from_file
             .and_then(|r| clap::ValueEnum::to_possible_value(&r))
@@ -371,12 +371,12 @@ impl Work {
     fn gemma4(
         cfg: &moek_model::gemma4::config::Config,
         s: usize,
-        quant: Option<moek_model::quantized::Quant>,
+        quant: Option<moek_kernels::ir::BlockFormat>,
     ) -> Work {
         let (h, e, st) = (cfg.hidden_size as f64, 2.0, s as f64);
         let quantized_bytes = quant.map_or(e, |q| {
             let block = moek_kernels::ir::quant::BLOCK;
-            q.dtype().block_bytes(block).expect("a quantized dtype") as f64 / block as f64
+            q.block_bytes(block) as f64 / block as f64
         });
         let mut decode_bytes = cfg.vocab_size as f64 * h * quantized_bytes;
         let mut prefill_flops = 2.0 * cfg.vocab_size as f64 * h;

@@ -95,9 +95,9 @@ fn cpu_fns(k: &Kernel) -> TokenStream {
     // One table per block format, at the spec's block size (`G` groups a block): its variants
     // beside f32 and beside bf16 activations, held by `BlockFns` as a `'static` constant.
     let groups = k.quant_block / moek_ir::quant::GROUP;
-    let quant = |format: moek_ir::DType, ty: TokenStream| {
+    let quant = |format: moek_ir::BlockFormat, ty: TokenStream| {
         let of = |act| moek_ir::DType::quantized(format, act).expect("a block format");
-        if !k.dtypes.iter().any(|d| d.block_format() == Some(format)) {
+        if !k.dtypes.iter().any(|d| d.blocks() == Some(format)) {
             return quote!(::moek_kernels::__private::BlockFns::NONE);
         }
         let ty = quote!(#ty<#groups>);
@@ -109,8 +109,8 @@ fn cpu_fns(k: &Kernel) -> TokenStream {
             &FNS
         }))
     };
-    let q8_0 = quant(moek_ir::DType::Q8_0, quote!(#q::BlockQ8));
-    let q4_0 = quant(moek_ir::DType::Q4_0, quote!(#q::BlockQ4));
+    let q8_0 = quant(moek_ir::BlockFormat::Q8_0, quote!(#q::BlockQ8));
+    let q4_0 = quant(moek_ir::BlockFormat::Q4_0, quote!(#q::BlockQ4));
     quote! {
         ::moek_kernels::__private::cpu_fns!(::moek_kernels::__private::CpuFns {
             f16: #f16, bf16: #bf16, f32: #f32, q8_0: #q8_0, q4_0: #q4_0,
