@@ -212,15 +212,15 @@ impl Runtime for Cpu {
                         "`{}` runs the {:?} skeleton, which has no CPU instantiation for {}",
                         entry.name(),
                         tables.skeleton,
-                        inputs.dtype
+                        inputs.storage.dtype
                     )
                 });
         }
-        let argmax = match inputs.dtype {
+        let argmax = match inputs.storage.dtype {
             DType::F16 => plain::<half::f16>(e, s, inputs, out),
             DType::Bf16 => plain::<half::bf16>(e, s, inputs, out),
             DType::F32 => plain::<f32>(e, s, inputs, out),
-            d => crate::with_block!(d, inputs.values, |Q| match d.activation() {
+            d => crate::with_block!(d, inputs.storage.values, |Q| match d.activation() {
                 DType::Bf16 => blocks::<Q, half::bf16>(e, s, inputs, out),
                 _ => blocks::<Q, f32>(e, s, inputs, out),
             }),
@@ -229,7 +229,7 @@ impl Runtime for Cpu {
             format!(
                 "`{}` has no CPU variant for {} in this build",
                 entry.name(),
-                inputs.dtype
+                inputs.storage.dtype
             )
         })?;
         Ok(Ran {
@@ -293,14 +293,19 @@ impl Runtime for Spyre {
                 ))
             }
             let k = entry.ir();
-            let run = match inputs.dtype {
+            let run = match inputs.storage.dtype {
                 DType::F16 => plain::<half::f16>(k, shape, inputs, out),
                 DType::Bf16 => plain::<half::bf16>(k, shape, inputs, out),
                 DType::F32 => plain::<f32>(k, shape, inputs, out),
                 // The checker refuses quantized dtypes on Spyre.
                 _ => None,
             }
-            .ok_or_else(|| format!("`{}` has no spyre program for {}", k.name, inputs.dtype))?
+            .ok_or_else(|| {
+                format!(
+                    "`{}` has no spyre program for {}",
+                    k.name, inputs.storage.dtype
+                )
+            })?
             .map_err(|e| format!("`{}` on spyre: {e}", k.name))?;
             Ok(Ran {
                 modeled: Some(Modeled::of(&run.cost)),
@@ -413,7 +418,7 @@ pub fn run(
     out: &mut [f32],
 ) -> Result<Ran, String> {
     same_optional_tensors(entry, inputs)?;
-    let (k, dtype) = (entry.ir(), inputs.dtype);
+    let (k, dtype) = (entry.ir(), inputs.storage.dtype);
     if !k.dtypes.contains(&dtype) || !k.targets.contains(&backend.target) {
         return Err(format!(
             "`{}` has no {} variant for {dtype} in this build",
@@ -421,12 +426,12 @@ pub fn run(
             backend.target,
         ));
     }
-    if dtype.is_quantized() && k.quant_block != inputs.values {
+    if dtype.is_quantized() && k.quant_block != inputs.storage.values {
         return Err(format!(
             "`{}` reads {dtype} weights in blocks of {} values, these are in blocks of {}",
             entry.name(),
             k.quant_block,
-            inputs.values
+            inputs.storage.values
         ));
     }
     backend

@@ -145,11 +145,11 @@ pub(crate) fn run_tables(
             .reads_weights_apart()
             .then(|| run_gathered(t, s, typed, out))
     }
-    match inputs.dtype {
+    match inputs.storage.dtype {
         DType::F16 => plain::<half::f16>(t, s, inputs, out),
         DType::Bf16 => plain::<half::bf16>(t, s, inputs, out),
         DType::F32 => plain::<f32>(t, s, inputs, out),
-        d => crate::with_block!(d, inputs.values, |Q| match d.activation() {
+        d => crate::with_block!(d, inputs.storage.values, |Q| match d.activation() {
             DType::Bf16 => blocks::<Q, half::bf16>(t, s, inputs, out),
             _ => blocks::<Q, f32>(t, s, inputs, out),
         }),

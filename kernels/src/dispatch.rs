@@ -434,7 +434,7 @@ pub fn run_any(
         registry,
         backend,
         function,
-        inputs.storage(),
+        inputs.storage,
         shape,
         requested,
     )?;

@@ -6,7 +6,7 @@ use moek_ir::quant::Packed;
 use moek_ir::reference::Biases;
 use moek_ir::reference::Shape;
 use moek_ir::tensors::{ElemClass, MAX_TENSORS, Optional, Optionals, TensorDef};
-use moek_ir::{Activation, DType, Function, Op};
+use moek_ir::{Activation, DType, Function, Op, Storage};
 use std::any::TypeId;
 use std::marker::PhantomData;
 use thiserror::Error;
@@ -450,11 +450,9 @@ pub fn describe(op: Op, s: &Shape) -> String {
 /// Spyre binder) recovers the [`Inputs`] it was made from with [`Self::typed`].
 #[derive(Debug)]
 pub struct AnyInputs<'i, 'a> {
-    /// How the weights are stored and the activations beside them (a plain dtype, or a block
-    /// format paired with its activation dtype).
-    pub dtype: DType,
-    /// Values per stored weight element: 1 for plain dtypes, the block size for blocks.
-    pub values: usize,
+    /// How the weights are stored and the activations beside them: a dtype (plain, or a block
+    /// format paired with its activation dtype) and the values one stored weight element holds.
+    pub storage: Storage,
     pub op: Op,
     /// The optional tensors the inputs carry.
     pub optional: Optionals,
@@ -473,8 +471,10 @@ impl<'i, 'a> AnyInputs<'i, 'a> {
         dtype: DType,
     ) -> Self {
         AnyInputs {
-            dtype,
-            values: W::VALUES,
+            storage: Storage {
+                dtype,
+                values: W::VALUES,
+            },
             op: inputs.op(),
             optional: inputs.optional(),
             softcap: inputs.softcap(),
@@ -483,11 +483,6 @@ impl<'i, 'a> AnyInputs<'i, 'a> {
             ptr: (inputs as *const Inputs<'a, W, A>).cast(),
             _inputs: PhantomData,
         }
-    }
-
-    /// How the tensors are stored.
-    pub fn storage(&self) -> moek_ir::Storage {
-        moek_ir::Storage::new(self.dtype, self.values)
     }
 
     /// The tensors as bytes, in the op table's order.

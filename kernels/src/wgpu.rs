@@ -139,7 +139,7 @@ impl<'w> Session<'w> {
         inputs: &AnyInputs<'_, '_>,
         out: &mut [f32],
     ) -> Result<Option<u32>, WgpuError> {
-        let p = program(self.gpu, k, inputs.dtype, s)?;
+        let p = program(self.gpu, k, inputs.storage.dtype, s)?;
         let host: Vec<(&str, &[u8])> = inputs
             .tensors()
             .iter()
