@@ -33,6 +33,9 @@ enum Command {
         /// WGSL: read f16 natively (`enable f16;`) as on an adapter with SHADER_F16.
         #[arg(long)]
         f16: bool,
+        /// Spyre: the program as JSON (our format) or as KTIR text (torch-spyre's IR, f16).
+        #[arg(long, value_enum, default_value_t = commands::emit::ProgramFormat::Json)]
+        format: commands::emit::ProgramFormat,
     },
     /// Run every spec's variants at their real size against the f64 reference.
     Check {
@@ -59,6 +62,9 @@ enum Command {
     /// The Spyre cost model beside the public device figures.
     #[cfg(feature = "spyre")]
     SpyreCalibrate,
+    /// The KTIR crosscheck's inputs and comparison (scripts/ktir-crosscheck, docs/ktir.md).
+    #[cfg(feature = "spyre")]
+    KtirIo(commands::ktir_io::KtirIoArgs),
 }
 
 fn main() -> ExitCode {
@@ -70,7 +76,15 @@ fn main() -> ExitCode {
             backend,
             dtype,
             f16,
-        } => commands::emit::run(&Registry::builtin(), &name, backend, dtype.as_deref(), f16),
+            format,
+        } => commands::emit::run(
+            &Registry::builtin(),
+            &name,
+            backend,
+            dtype.as_deref(),
+            f16,
+            format,
+        ),
         Command::Check {
             require,
             filter,
@@ -83,6 +97,8 @@ fn main() -> ExitCode {
         Command::Generate(args) => commands::run::generate_cmd(&args),
         #[cfg(feature = "spyre")]
         Command::SpyreCalibrate => commands::spyre::run(),
+        #[cfg(feature = "spyre")]
+        Command::KtirIo(args) => commands::ktir_io::run(&Registry::builtin(), &args),
     };
     match result {
         Ok(code) => code,

@@ -40,6 +40,19 @@ pub fn program<W: Elem>(k: &Kernel) -> Result<Program, SpyreError> {
     })
 }
 
+/// `k`'s program and its device tensors bound from `inputs`, as a run binds them (what the KTIR
+/// crosscheck hands the interpreter).
+pub fn device<W: Elem>(
+    k: &Kernel,
+    s: &Shape,
+    inputs: &Inputs<'_, W>,
+    mode: Mode,
+) -> Result<(Program, Device), SpyreError> {
+    let p = program::<W>(k)?;
+    let dev = bind(&p, s, inputs, mode)?;
+    Ok((p, dev))
+}
+
 /// Runs `k`'s program on `inputs`, writing the op's output to `out`.
 pub fn run<W: Elem>(
     k: &Kernel,

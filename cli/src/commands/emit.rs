@@ -9,12 +9,22 @@ use std::process::ExitCode;
 /// The binding limit WGSL is emitted for without an adapter: lavapipe's (and WebGPU's usual).
 const BINDING_LIMIT: u64 = 128 << 20;
 
+/// How a Spyre program is printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProgramFormat {
+    /// Our program format (docs/spyre-program.md).
+    Json,
+    /// torch-spyre's KTIR, rendered from the same program in f16 (docs/ktir.md).
+    Ktir,
+}
+
 pub fn run(
     registry: &moek_kernels::Registry,
     name: &str,
     backend: BackendArg,
     dtype: Option<&str>,
     f16: bool,
+    format: ProgramFormat,
 ) -> Result<ExitCode, CommandError> {
     let entry = spec(registry, name)?;
     let ir = entry.ir();
@@ -32,21 +42,48 @@ pub fn run(
             targets,
         });
     }
+    if format == ProgramFormat::Ktir && backend != BackendArg::Spyre {
+        return Err(CommandError::Usage(
+            "`--format ktir` renders a Spyre program: add `--backend spyre`".into(),
+        ));
+    }
     match backend {
         BackendArg::Cpu => print!("{}", entry.cpu_source()),
         BackendArg::Spyre => {
             // The same lowering the macro ran; programs differ by dtype only in their `dtype`.
-            let program = moek_lower::spyre::lower::program(ir, ir.dtypes[0]).map_err(|why| {
+            // KTIR is rendered in f16, the one 16-bit type its interpreter has.
+            let dtype = match format {
+                ProgramFormat::Json => ir.dtypes[0],
+                ProgramFormat::Ktir if ir.dtypes.contains(&DType::F16) => DType::F16,
+                ProgramFormat::Ktir => {
+                    return Err(CommandError::Usage(format!(
+                        "`{name}` has no f16 variant, and KTIR is rendered in f16 (its interpreter has no bf16)"
+                    )));
+                }
+            };
+            let program = moek_lower::spyre::lower::program(ir, dtype).map_err(|why| {
                 CommandError::NoProgram {
                     name: name.to_string(),
                     backend: "spyre".into(),
                     why: why.to_string(),
                 }
             })?;
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&program).expect("programs serialise")
-            );
+            match format {
+                ProgramFormat::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&program).expect("programs serialise")
+                ),
+                ProgramFormat::Ktir => {
+                    let text = moek_lower::ktir::render(&program).map_err(|why| {
+                        CommandError::NoProgram {
+                            name: name.to_string(),
+                            backend: "ktir".into(),
+                            why: why.to_string(),
+                        }
+                    })?;
+                    print!("{text}");
+                }
+            }
         }
         BackendArg::Wgpu => {
             let valid = || {

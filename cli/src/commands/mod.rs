@@ -4,7 +4,10 @@ pub mod bench;
 pub mod check;
 pub mod emit;
 pub mod figures;
+#[cfg(feature = "spyre")]
+pub mod ktir_io;
 pub mod list;
+pub mod npy;
 pub mod quantize;
 pub mod run;
 pub mod spec_text;
