@@ -81,6 +81,72 @@ fn every_spyre_program_renders_one_construct_per_instruction() {
         );
         assert!(text.contains(&head), "{}: {head}", p.kernel);
         assert_eq!(occurs("{"), occurs("}"), "{}: unbalanced braces", p.kernel);
+        well_formed(&p, &text);
+    }
+}
+
+/// Every SSA value is defined before it is used (at entry, by an op's results, a block's
+/// arguments, a loop's induction variable and carried values, an indirect tile's variables),
+/// and every argument is used.
+fn well_formed(p: &Program, text: &str) {
+    let name = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut defined: std::collections::HashSet<String> = p
+        .tensors
+        .iter()
+        .map(|t| format!("{}_ptr", t.name))
+        .collect();
+    let mut used = std::collections::HashSet::new();
+    // The arguments are defined by the signature, which uses none.
+    let body = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with("func.func"));
+    for line in body {
+        // What the line defines: its results, and the names bound inside it.
+        let (results, rest) = match line.split_once(" = ") {
+            Some((lhs, rhs)) if lhs.starts_with('%') => (lhs, rhs),
+            _ => ("", line),
+        };
+        let mut binds: Vec<String> = results
+            .split(", ")
+            .map(|r| name(r.trim_start_matches('%')))
+            .collect();
+        for key in ["intermediate_variables(", "^bb0(", "iter_args(", "scf.for "] {
+            if let Some(at) = rest.find(key).or_else(|| line.find(key)) {
+                let tail = &line[line.find(key).unwrap_or(at) + key.len()..];
+                let close = tail.find(')').unwrap_or(tail.len());
+                let inner = match key {
+                    "scf.for " => &tail[..tail.find(' ').unwrap_or(0)],
+                    _ => &tail[..close],
+                };
+                for part in inner.split(", ") {
+                    let part = part.trim().trim_start_matches('%');
+                    binds.push(name(part));
+                }
+            }
+        }
+        defined.extend(binds.into_iter().filter(|b| !b.is_empty()));
+        for (i, _) in rest.match_indices('%') {
+            let v = name(&rest[i + 1..]);
+            assert!(
+                v.is_empty() || defined.contains(&v),
+                "{}: `%{v}` is used before it is defined: {line}",
+                p.kernel
+            );
+            used.insert(v);
+        }
+    }
+    for t in &p.tensors {
+        assert!(
+            used.contains(&format!("{}_ptr", t.name)),
+            "{}: argument `{}_ptr` is never used",
+            p.kernel,
+            t.name
+        );
     }
 }
 
@@ -94,4 +160,16 @@ fn a_bf16_program_is_refused() {
         .clone();
     let p = lower::program(&k, DType::Bf16).unwrap();
     assert_eq!(render(&p), Err(KtirError::Dtype("bf16".into())));
+}
+
+/// The well-formedness check fails a text whose value is used undefined, or whose argument is
+/// unused.
+#[test]
+fn the_well_formedness_check_can_fail() {
+    let p = programs().remove(0);
+    let text = render(&p).unwrap();
+    let undefined = text.replacen("%zf = arith.constant", "%zq = arith.constant", 1);
+    assert!(std::panic::catch_unwind(|| well_formed(&p, &undefined)).is_err());
+    let unused = text.replace("%x_ptr, sizes", "%idx_ptr, sizes");
+    assert!(std::panic::catch_unwind(|| well_formed(&p, &unused)).is_err());
 }
