@@ -233,6 +233,27 @@ pub enum Sfp {
     },
 }
 
+impl Instr {
+    /// Calls `f` on every instruction of `body` in program order, a loop's own instruction
+    /// before its preheader, body and drain (each once, not once per trip).
+    pub fn each<'a>(body: &'a [Instr], f: &mut impl FnMut(&'a Instr)) {
+        for i in body {
+            f(i);
+            if let Instr::Loop {
+                preheader,
+                body,
+                drain,
+                ..
+            } = i
+            {
+                for part in [preheader, body, drain] {
+                    Instr::each(part, f);
+                }
+            }
+        }
+    }
+}
+
 impl Affine {
     pub fn constant(c: usize) -> Self {
         Affine {

@@ -196,24 +196,12 @@ fn elem(t: &Tensor) -> &'static str {
 }
 
 /// The buffers an instruction list (loops included) uses as a matmul's left operand.
-fn matmul_lefts(body: &[moek_ir::spyre::Instr], into: &mut HashSet<String>) {
-    use moek_ir::spyre::Instr;
-    for i in body {
-        match i {
-            Instr::Matmul { a, .. } => {
-                into.insert(a.clone());
-            }
-            Instr::Loop {
-                preheader,
-                body,
-                drain,
-                ..
-            } => {
-                for part in [preheader, body, drain] {
-                    matmul_lefts(part, into);
-                }
-            }
-            _ => {}
+fn matmul_lefts(body: &[moek_ir::spyre::Instr]) -> HashSet<String> {
+    let mut lefts = HashSet::new();
+    moek_ir::spyre::Instr::each(body, &mut |i| {
+        if let moek_ir::spyre::Instr::Matmul { a, .. } = i {
+            lefts.insert(a.clone());
         }
-    }
+    });
+    lefts
 }

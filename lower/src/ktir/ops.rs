@@ -62,17 +62,13 @@ impl<'r, 'p> Phase<'r, 'p> {
                 r.t.def(&format!("{dim}_"), format!("arith.remui {q}, {cb} : index"));
             coord.insert(dim.clone(), s);
         }
-        let mut lefts = HashSet::new();
-        matmul_lefts(&stage.body, &mut lefts);
-        let mut widths = HashMap::new();
-        widths_of(&stage.body, &mut widths);
         Ok(Phase {
             r,
             stage,
             coord,
             vals: HashMap::new(),
-            lefts,
-            widths,
+            lefts: matmul_lefts(&stage.body),
+            widths: widths_of(&stage.body),
         })
     }
 
@@ -252,17 +248,7 @@ impl<'r, 'p> Phase<'r, 'p> {
             .collect();
         let view = self.r.views[&t.name].clone();
         let tile = match route {
-            None => {
-                let at = self.r.t.def(
-                    "at",
-                    format!(
-                        "ktdp.construct_access_tile {view}[{}] {{",
-                        starts.join(", ")
-                    ),
-                );
-                self.tile_tail(ext, &super::text::memref(&t.shape, dt), "access_tile");
-                at
-            }
+            None => self.access_tile(&view, &starts, ext, &t.shape, dt),
             Some(route) => {
                 let slot = self.affine(&route.slot, None);
                 let vars: Vec<String> = (0..ext.len()).map(|i| format!("%d{i}")).collect();
@@ -324,6 +310,26 @@ impl<'r, 'p> Phase<'r, 'p> {
         Ok(())
     }
 
+    /// A direct access tile of `view` (a tensor of `shape`) at `starts`, of `ext`.
+    fn access_tile(
+        &mut self,
+        view: &str,
+        starts: &[String],
+        ext: &[usize],
+        shape: &[usize],
+        dt: &str,
+    ) -> String {
+        let at = self.r.t.def(
+            "at",
+            format!(
+                "ktdp.construct_access_tile {view}[{}] {{",
+                starts.join(", ")
+            ),
+        );
+        self.tile_tail(ext, &super::text::memref(shape, dt), "access_tile");
+        at
+    }
+
     /// The rest of an access tile's definition: its set, its order and its types.
     fn tile_tail(&mut self, ext: &[usize], types: &str, set: &str) {
         self.r.t.line(format!(
@@ -373,14 +379,7 @@ impl<'r, 'p> Phase<'r, 'p> {
         }
         let starts: Vec<String> = region.start.iter().map(|a| self.affine(a, None)).collect();
         let view = self.r.views[&t.name].clone();
-        let at = self.r.t.def(
-            "at",
-            format!(
-                "ktdp.construct_access_tile {view}[{}] {{",
-                starts.join(", ")
-            ),
-        );
-        self.tile_tail(ext, &super::text::memref(&t.shape, dt), "access_tile");
+        let at = self.access_tile(&view, &starts, ext, &t.shape, dt);
         let store = format!(
             "ktdp.store {v}, {at} : {}, {}",
             tensor(ext, dt),
@@ -999,29 +998,19 @@ fn steps(body: &[Instr]) -> Vec<Step<'_>> {
 
 /// Row widths that shape a buffer before anything is loaded into it: a matmul's `n`, a
 /// store's last extent.
-fn widths_of(body: &[Instr], into: &mut HashMap<String, usize>) {
-    for i in body {
-        match i {
-            Instr::Matmul { out, n, .. } => {
-                into.entry(out.clone()).or_insert(*n);
-            }
-            Instr::DmaOut { from, region, .. } => {
-                let w = region.extent.last().copied().unwrap_or(1);
-                into.entry(from.clone()).or_insert(w);
-            }
-            Instr::Loop {
-                preheader,
-                body,
-                drain,
-                ..
-            } => {
-                for part in [preheader, body, drain] {
-                    widths_of(part, into);
-                }
-            }
-            _ => {}
+fn widths_of(body: &[Instr]) -> HashMap<String, usize> {
+    let mut widths = HashMap::new();
+    Instr::each(body, &mut |i| match i {
+        Instr::Matmul { out, n, .. } => {
+            widths.entry(out.clone()).or_insert(*n);
         }
-    }
+        Instr::DmaOut { from, region, .. } => {
+            let w = region.extent.last().copied().unwrap_or(1);
+            widths.entry(from.clone()).or_insert(w);
+        }
+        _ => {}
+    });
+    widths
 }
 
 /// The buffers an instruction writes.
