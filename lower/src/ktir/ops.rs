@@ -908,9 +908,15 @@ impl Gated {
             }
             Gated::Swiglu(limit, alpha) => {
                 let (l, nl) = (k(t, limit), k(t, -limit));
-                let gc = op(t, "arith.minimumf", &[g, &l]);
-                let um = op(t, "arith.minimumf", &[u, &l]);
-                let uc = op(t, "arith.maximumf", &[&um, &nl]);
+                // The clamps as compare-and-select, unordered so a NaN stays (the interpreter
+                // runs `arith.minimumf` on tensors only, not in a scalar body).
+                let pick = |t: &mut super::text::Text, pred: &str, a: &str, b: &str| {
+                    let c = t.def("c", format!("arith.cmpf {pred}, {a}, {b} : f32"));
+                    t.def("t", format!("arith.select {c}, {a}, {b} : f32"))
+                };
+                let gc = pick(t, "ult", g, &l);
+                let um = pick(t, "ult", u, &l);
+                let uc = pick(t, "ugt", &um, &nl);
                 let na = k(t, -alpha);
                 let z = op(t, "arith.mulf", &[&na, &gc]);
                 let e = op(t, "math.exp", &[&z]);
