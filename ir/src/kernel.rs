@@ -295,15 +295,6 @@ impl From<DType> for Storage {
     }
 }
 
-impl fmt::Display for Storage {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.values {
-            1 => write!(f, "{}", self.dtype),
-            n => write!(f, "{} in blocks of {n}", self.dtype),
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Target {
@@ -474,15 +465,13 @@ impl Kernel {
         if self.activation != Activation::default() {
             parts.insert(0, format!("activation {}", self.activation));
         }
-        if self.optional.has(Optional::GateUpBias) || self.optional.has(Optional::DownBias) {
-            let on: Vec<&str> = [
-                (Optional::GateUpBias, "gate_up"),
-                (Optional::DownBias, "down"),
-            ]
-            .into_iter()
-            .filter_map(|(o, name)| self.optional.has(o).then_some(name))
+        let biases: Vec<&str> = self
+            .optional
+            .iter()
+            .filter_map(Optional::bias_name)
             .collect();
-            parts.push(format!("biases on {}", on.join(" and ")));
+        if !biases.is_empty() {
+            parts.push(format!("biases on {}", biases.join(" and ")));
         }
         if self.optional.has(Optional::OutputGate) {
             parts.push("output_gate sigmoid".into());

@@ -117,20 +117,6 @@ impl<W> Default for Biases<'_, W> {
     }
 }
 
-impl<W> Biases<'_, W> {
-    /// Which biases are present, as optional tensors.
-    pub fn kinds(&self) -> crate::tensors::Optionals {
-        use crate::tensors::Optional;
-        [
-            (Optional::GateUpBias, self.gate_up.is_some()),
-            (Optional::DownBias, self.down.is_some()),
-        ]
-        .into_iter()
-        .filter_map(|(o, on)| on.then_some(o))
-        .collect()
-    }
-}
-
 /// `gated(x . Wg[e] + bg[e], x . Wu[e] + bu[e])` for one token; `gate_up` is `[E, 2F, H]`, gate
 /// rows first; the bias, if any, `[E, 2F]`.
 pub fn expert_gate_up<W: Real>(

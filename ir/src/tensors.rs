@@ -38,6 +38,22 @@ impl Optional {
         }
     }
 
+    /// The name a spec's `bias:` key gives this tensor (`gate_up`, `down`), if it is a bias.
+    pub fn bias_name(self) -> Option<&'static str> {
+        match self {
+            Optional::GateUpBias => Some("gate_up"),
+            Optional::DownBias => Some("down"),
+            Optional::OutputGate => None,
+        }
+    }
+
+    /// The bias a spec's `bias:` key names `name`.
+    pub fn bias(name: &str) -> Option<Optional> {
+        Optional::ALL
+            .into_iter()
+            .find(|o| o.bias_name() == Some(name))
+    }
+
     const fn bit(self) -> u8 {
         1 << self as u8
     }

@@ -61,8 +61,7 @@ pub fn run<W: Elem>(
     out: &mut [f32],
     mode: Mode,
 ) -> Result<SpyreRun, SpyreError> {
-    let p = program::<W>(k)?;
-    let mut dev = bind(&p, s, inputs, mode)?;
+    let (p, mut dev) = device(k, s, inputs, mode)?;
     let counters = moek_spyre::simulate(&p, mode, &mut dev)?;
     let result = dev.tensors["out"].to_f32();
     out.copy_from_slice(&result[..out.len()]);

@@ -481,11 +481,9 @@ fn problem(registry: &Registry, args: &TuneArgs) -> Result<Problem, CommandError
     };
     let mut optional = spec_bias.unwrap_or_default();
     for b in &args.bias {
-        optional = optional.with(match b.as_str() {
-            "gate_up" => Optional::GateUpBias,
-            "down" => Optional::DownBias,
-            b => return Err(usage(format!("unknown bias `{b}`; valid: gate_up, down"))),
-        });
+        let bias = Optional::bias(b)
+            .ok_or_else(|| usage(format!("unknown bias `{b}`; valid: gate_up, down")))?;
+        optional = optional.with(bias);
     }
     Ok(Problem {
         dims,

@@ -91,13 +91,7 @@ pub struct Problem {
 
 /// The biases as a spec writes them (`gate_up, down`), or `None` for none.
 pub fn bias_text(o: Optionals) -> Option<String> {
-    let named: Vec<&str> = [
-        (Optional::GateUpBias, "gate_up"),
-        (Optional::DownBias, "down"),
-    ]
-    .into_iter()
-    .filter_map(|(b, name)| o.has(b).then_some(name))
-    .collect();
+    let named: Vec<&str> = o.iter().filter_map(Optional::bias_name).collect();
     (!named.is_empty()).then(|| named.join(", "))
 }
 

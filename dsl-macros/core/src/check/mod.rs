@@ -149,10 +149,7 @@ impl Checker {
             optional: p
                 .bias
                 .iter()
-                .map(|&(phase, _)| match phase {
-                    Phase::GateUp => Optional::GateUpBias,
-                    _ => Optional::DownBias,
-                })
+                .map(|&(phase, _)| Optional::bias(phase.name()).expect("a bias names a phase"))
                 .chain(p.output_gate.map(|_| Optional::OutputGate))
                 .collect(),
             quant_block: self.quant_block(&p),
