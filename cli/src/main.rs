@@ -36,6 +36,8 @@ enum Command {
         /// Spyre: the program as JSON (our format) or as KTIR text (torch-spyre's IR, f16).
         #[arg(long, value_enum, default_value_t = commands::emit::ProgramFormat::Json)]
         format: commands::emit::ProgramFormat,
+        #[command(flatten)]
+        source: commands::SpecSource,
     },
     /// Run every spec's variants at their real size against the f64 reference.
     Check {
@@ -77,14 +79,8 @@ fn main() -> ExitCode {
             dtype,
             f16,
             format,
-        } => commands::emit::run(
-            &Registry::builtin(),
-            &name,
-            backend,
-            dtype.as_deref(),
-            f16,
-            format,
-        ),
+            source,
+        } => commands::emit::run(&source, &name, backend, dtype.as_deref(), f16, format),
         Command::Check {
             require,
             filter,
@@ -98,7 +94,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "spyre")]
         Command::SpyreCalibrate => commands::spyre::run(),
         #[cfg(feature = "spyre")]
-        Command::KtirIo(args) => commands::ktir_io::run(&Registry::builtin(), &args),
+        Command::KtirIo(args) => commands::ktir_io::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -40,19 +40,6 @@ pub fn program<W: Elem>(k: &Kernel) -> Result<Program, SpyreError> {
     })
 }
 
-/// `k`'s program and its device tensors bound from `inputs`, as a run binds them (what the KTIR
-/// crosscheck hands the interpreter).
-pub fn device<W: Elem>(
-    k: &Kernel,
-    s: &Shape,
-    inputs: &Inputs<'_, W>,
-    mode: Mode,
-) -> Result<(Program, Device), SpyreError> {
-    let p = program::<W>(k)?;
-    let dev = bind(&p, s, inputs, mode)?;
-    Ok((p, dev))
-}
-
 /// Runs `k`'s program on `inputs`, writing the op's output to `out`.
 pub fn run<W: Elem>(
     k: &Kernel,
@@ -61,7 +48,8 @@ pub fn run<W: Elem>(
     out: &mut [f32],
     mode: Mode,
 ) -> Result<SpyreRun, SpyreError> {
-    let (p, mut dev) = device(k, s, inputs, mode)?;
+    let p = program::<W>(k)?;
+    let mut dev = bind(&p, s, inputs, mode)?;
     let counters = moek_spyre::simulate(&p, mode, &mut dev)?;
     let result = dev.tensors["out"].to_f32();
     out.copy_from_slice(&result[..out.len()]);
@@ -71,10 +59,11 @@ pub fn run<W: Elem>(
     })
 }
 
-/// Device tensors for `p` from the op's inputs. Banks are transposed into their stick layouts: every
-/// expert for a dense program, the experts the routes select for a gather program (the others stay
-/// zero: a program that read one would be wrong, and the equivalence tests would say so).
-fn bind<W: Elem>(
+/// Device tensors for `p` from the op's inputs, as a run binds them (and as the KTIR crosscheck
+/// hands them to the interpreter). Banks are transposed into their stick layouts: every expert for
+/// a dense program, the experts the routes select for a gather program (the others stay zero: a
+/// program that read one would be wrong, and the equivalence tests would say so).
+pub fn bind<W: Elem>(
     p: &Program,
     s: &Shape,
     inputs: &Inputs<'_, W>,

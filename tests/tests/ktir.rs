@@ -173,3 +173,43 @@ fn the_well_formedness_check_can_fail() {
     let unused = text.replace("%x_ptr, sizes", "%idx_ptr, sizes");
     assert!(std::panic::catch_unwind(|| well_formed(&p, &unused)).is_err());
 }
+
+/// The LX-overflow spec (tests/specs/lx_overflow.spec, which `scripts/ktir-crosscheck
+/// --overflow` hands the interpreter): the checker refuses it at `H`, and forced within a larger
+/// budget it lowers to a plan whose single weight tile alone is the interpreter's whole 2 MiB cap
+/// (so its cap must refuse it too).
+#[test]
+fn the_overflow_spec_is_refused_and_forced_past_the_interpreters_cap() {
+    use std::str::FromStr;
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/specs/lx_overflow.spec");
+    let text = std::fs::read_to_string(path).expect("the overflow spec");
+    let tokens = proc_macro2::TokenStream::from_str(&text).expect("spec text tokenizes");
+    let specs = moek_dsl::parse::parse_specs(tokens).expect("the spec parses");
+    let [spec] = specs.as_slice() else {
+        panic!("one spec")
+    };
+    let refused = moek_dsl::check::check(spec).expect_err("over the device's LX budget");
+    let why = refused.to_string();
+    assert!(why.contains("over the budget of"), "{why}");
+    let at = refused.span().start();
+    let line = text.lines().nth(at.line - 1).expect("the span's line");
+    assert_eq!(
+        &line[at.column..at.column + 1],
+        "H",
+        "pointed at `H`: {why}"
+    );
+    let forced = moek_dsl::check::check_within(spec, 8 << 20).expect("within 8 MiB it checks");
+    let p = lower::program_within(&forced, DType::F16, 8 << 20).expect("and lowers");
+    let tile = p.phases[0]
+        .buffers
+        .iter()
+        .find(|b| b.name == "w_gate")
+        .expect("a gate tile");
+    let cap = 2 << 20;
+    assert!(tile.bytes >= cap, "{} B tile under the cap", tile.bytes);
+    let text = render(&p).expect("forced plans render");
+    assert!(
+        text.contains("tensor<1x8192x128xf16>"),
+        "one whole tile loaded"
+    );
+}

@@ -1,6 +1,6 @@
 //! `moek emit NAME --backend B`: the generated source, from the same IR the macro validated.
 
-use super::{BackendArg, CommandError, spec};
+use super::{BackendArg, CommandError, SpecSource, spec};
 use moek_ir::plan::{DeviceCaps, Step};
 use moek_kernels::ir::DType;
 use moek_lower::wgsl;
@@ -19,14 +19,14 @@ pub enum ProgramFormat {
 }
 
 pub fn run(
-    registry: &moek_kernels::Registry,
+    source: &SpecSource,
     name: &str,
     backend: BackendArg,
     dtype: Option<&str>,
     f16: bool,
     format: ProgramFormat,
 ) -> Result<ExitCode, CommandError> {
-    let entry = spec(registry, name)?;
+    let entry = spec(&source.registry()?, name)?;
     let ir = entry.ir();
     let target = backend.target();
     if !ir.targets.contains(&target) {
@@ -61,13 +61,12 @@ pub fn run(
                     )));
                 }
             };
-            let program = moek_lower::spyre::lower::program(ir, dtype).map_err(|why| {
-                CommandError::NoProgram {
+            let program = moek_lower::spyre::lower::program_within(ir, dtype, source.lx())
+                .map_err(|why| CommandError::NoProgram {
                     name: name.to_string(),
                     backend: "spyre".into(),
                     why: why.to_string(),
-                }
-            })?;
+                })?;
             match format {
                 ProgramFormat::Json => println!(
                     "{}",

@@ -9,13 +9,14 @@
 //! mismatch.
 
 use super::npy::{self, Array};
-use super::{CommandError, spec};
+use super::{CommandError, SpecSource, spec};
 use half::f16;
-use moek_kernels::ir::spyre::DeviceRole;
+use moek_kernels::ir::spyre::{DeviceRole, Program};
 use moek_kernels::ir::tolerance::{Deviation, tolerance, tolerance_dl16};
 use moek_kernels::ir::{DType, Kernel, Target};
 use moek_kernels::testing::Case;
 use moek_spyre::Mode;
+use moek_spyre::simulate::PhaseCounters;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -32,10 +33,12 @@ pub struct KtirIoArgs {
     /// The interpreter's output directory: compare its result instead of writing inputs.
     #[arg(long)]
     pub compare: Option<PathBuf>,
+    #[command(flatten)]
+    pub source: SpecSource,
 }
 
-pub fn run(registry: &moek_kernels::Registry, args: &KtirIoArgs) -> Result<ExitCode, CommandError> {
-    let entry = spec(registry, &args.name)?;
+pub fn run(args: &KtirIoArgs) -> Result<ExitCode, CommandError> {
+    let entry = spec(&args.source.registry()?, &args.name)?;
     let k = entry.ir();
     if !k.targets.contains(&Target::Spyre) || !k.dtypes.contains(&DType::F16) {
         return Err(CommandError::Usage(format!(
@@ -46,9 +49,11 @@ pub fn run(registry: &moek_kernels::Registry, args: &KtirIoArgs) -> Result<ExitC
     let shape = moek_kernels::geometry::real_shape(k);
     let mut case = Case::<f16>::new(k.op, shape, args.seed);
     case.optional = k.optional;
+    let p =
+        moek_lower::spyre::lower::program_within(k, DType::F16, args.source.lx()).map_err(spyre)?;
     match &args.compare {
-        None => write(k, &case, &args.dir),
-        Some(out) => compare(k, &case, out),
+        None => write(&p, &case, &args.dir),
+        Some(out) => compare(k, &p, &case, out),
     }
 }
 
@@ -61,10 +66,10 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> CommandError + '_ {
 }
 
 /// Every device tensor as `.npy` in the program's layout; prints the interpreter's arguments.
-fn write(k: &Kernel, case: &Case<f16>, dir: &Path) -> Result<ExitCode, CommandError> {
+fn write(p: &Program, case: &Case<f16>, dir: &Path) -> Result<ExitCode, CommandError> {
     std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let (p, dev) =
-        moek_kernels::spyre::device(k, &case.shape, &case.inputs(), Mode::F32).map_err(spyre)?;
+    let dev =
+        moek_kernels::spyre::bind(p, &case.shape, &case.inputs(), Mode::F32).map_err(spyre)?;
     let mut args = vec![];
     for t in &p.tensors {
         let path = dir.join(format!("{}.npy", t.name));
@@ -92,8 +97,12 @@ fn write(k: &Kernel, case: &Case<f16>, dir: &Path) -> Result<ExitCode, CommandEr
 }
 
 /// The interpreter's output against the reference and the simulator.
-fn compare(k: &Kernel, case: &Case<f16>, out: &Path) -> Result<ExitCode, CommandError> {
-    let p = moek_kernels::spyre::program::<f16>(k).map_err(spyre)?;
+fn compare(
+    k: &Kernel,
+    p: &Program,
+    case: &Case<f16>,
+    out: &Path,
+) -> Result<ExitCode, CommandError> {
     let output = p
         .tensors
         .iter()
@@ -126,20 +135,77 @@ fn compare(k: &Kernel, case: &Case<f16>, out: &Path) -> Result<ExitCode, Command
         "{}: ktir-cpu vs f64 reference {versus_reference} (f16 tolerance {tol:?}); vs the simulator's DL16 result {versus_simulator} (DL16 tolerance {tol_dl16:?})",
         k.name
     );
-    let latency = std::fs::read_to_string(out.join("latency.json"))
+    let report = std::fs::read_to_string(out.join("latency.json"))
         .ok()
         .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
-        .and_then(|v| v["kernel_time_us"].as_f64());
+        .unwrap_or_default();
+    let latency = report["kernel_time_us"].as_f64();
     println!(
         "{}: ktir-cpu's latency estimate {} (uncalibrated defaults) beside our cost model's {:.1} us",
         k.name,
         latency.map_or("none".to_string(), |us| format!("{us:.1} us")),
         ran.cost.seconds * 1e6
     );
+    if let Some(theirs) = report["cores"].as_array() {
+        print_counts(&k.name, theirs, &ran.counters);
+    }
     println!("{}: {}", k.name, if ok { "PASS" } else { "FAIL" });
     Ok(if ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// What each core moved and multiplied, per the interpreter's counters and per our simulator's
+/// (summed over phases): device memory <-> LX bytes, ring bytes, multiply-adds. The two count
+/// differently where docs/ktir.md says (shared broadcast reads, whole sticks, the route reads).
+fn print_counts(name: &str, theirs: &[serde_json::Value], phases: &[PhaseCounters]) {
+    let cores = phases.iter().map(|p| p.cores.len()).max().unwrap_or(0);
+    let ours: Vec<[u64; 3]> = (0..cores)
+        .map(|c| {
+            phases
+                .iter()
+                .filter_map(|p| p.cores.get(c))
+                .fold([0; 3], |[d, r, m], x| {
+                    [d + x.dev_to_lx + x.lx_to_dev, r + x.ring, m + x.macs]
+                })
+        })
+        .collect();
+    let theirs: Vec<[u64; 3]> = theirs
+        .iter()
+        .map(|c| {
+            let n = |key: &str| c[key].as_f64().unwrap_or(f64::NAN);
+            [n("dram_bytes"), n("comm_bytes"), n("matmul_flops") / 2.0].map(|v| v as u64)
+        })
+        .collect();
+    for (i, what) in ["device<->LX bytes", "ring bytes", "multiply-adds"]
+        .iter()
+        .enumerate()
+    {
+        let total = |v: &[[u64; 3]]| v.iter().map(|c| c[i]).sum::<u64>();
+        let range = |v: &[[u64; 3]]| {
+            let (lo, hi) = v
+                .iter()
+                .fold((u64::MAX, 0), |(l, h), c| (l.min(c[i]), h.max(c[i])));
+            if lo == hi {
+                format!("{lo}")
+            } else {
+                format!("{lo}..{hi}")
+            }
+        };
+        let same = ours
+            .iter()
+            .zip(&theirs)
+            .filter(|(a, b)| a[i] == b[i])
+            .count();
+        println!(
+            "{name}: {what} per core: ktir-cpu {} (total {}), ours {} (total {}); equal on {same} of {} cores",
+            range(&theirs),
+            total(&theirs),
+            range(&ours),
+            total(&ours),
+            cores.max(theirs.len())
+        );
+    }
 }

@@ -89,6 +89,65 @@ pub fn block_formats() -> impl clap::builder::TypedValueParser<Value = BlockForm
         .map(|s| BlockFormat::from_name(&s).expect("one of the possible values"))
 }
 
+/// Where a command finds its spec: the built-ins, and specs read from a file ahead of them.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct SpecSource {
+    /// Specs as `moek tune --write` writes them (several may follow one another), checked as
+    /// `kernel!` checks them and ranked ahead of the built-ins.
+    #[arg(long)]
+    pub specs: Option<std::path::PathBuf>,
+    /// Spyre: plan programs within this many bytes of LX per core instead of the device's
+    /// budget (2 MiB less 20% reserved), checker included. Only to force a plan the checker
+    /// refuses through to the KTIR interpreter and show that its cap refuses it too (docs/ktir.md).
+    #[arg(long, value_name = "BYTES")]
+    pub lx_budget: Option<usize>,
+}
+
+impl SpecSource {
+    /// The LX bytes per core Spyre programs are planned within.
+    pub fn lx(&self) -> usize {
+        self.lx_budget.unwrap_or(moek_kernels::ir::spyre::LX_BUDGET)
+    }
+
+    /// The registry the command reads.
+    pub fn registry(&self) -> Result<moek_kernels::Registry, CommandError> {
+        match &self.specs {
+            None => Ok(moek_kernels::Registry::builtin()),
+            Some(path) => with_specs_within(path, "--specs", self.lx()),
+        }
+    }
+}
+
+/// The built-in registry with the specs of `path` (spec text, as `moek tune --write` writes it)
+/// ranked ahead; `flag` names the option that gave the path in errors.
+pub fn with_specs(
+    path: &std::path::Path,
+    flag: &str,
+) -> Result<moek_kernels::Registry, CommandError> {
+    with_specs_within(path, flag, moek_kernels::ir::spyre::LX_BUDGET)
+}
+
+/// [`with_specs`], the specs' Spyre plans held to `lx` bytes of LX per core (`--lx-budget`).
+pub fn with_specs_within(
+    path: &std::path::Path,
+    flag: &str,
+    lx: usize,
+) -> Result<moek_kernels::Registry, CommandError> {
+    let refused = |why: String| CommandError::Usage(format!("`{flag} {}`: {why}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| refused(e.to_string()))?;
+    let kernels = spec_text::compile_all_within(&text, lx).map_err(|e| refused(e.to_string()))?;
+    if kernels.is_empty() {
+        return Err(refused("the file holds no spec".into()));
+    }
+    moek_kernels::Registry::builtin()
+        .with(
+            kernels
+                .into_iter()
+                .map(moek_kernels::KernelEntry::scheduled),
+        )
+        .map_err(|e| refused(e.to_string()))
+}
+
 /// The spec named `name` in `registry`.
 pub fn spec(
     registry: &moek_kernels::Registry,

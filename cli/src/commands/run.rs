@@ -62,27 +62,10 @@ impl ModelArgs {
             ..Options::default()
         };
         if let Some(path) = &self.tuned {
-            options.registry = std::sync::Arc::new(tuned(path)?);
+            options.registry = std::sync::Arc::new(super::with_specs(path, "--tuned")?);
         }
         Ok(options)
     }
-}
-
-/// The built-in registry with the specs of `path` ranked ahead.
-fn tuned(path: &Path) -> Result<moek_kernels::Registry, CommandError> {
-    let refused = |why: String| CommandError::Usage(format!("`--tuned {}`: {why}", path.display()));
-    let text = std::fs::read_to_string(path).map_err(|e| refused(e.to_string()))?;
-    let kernels = super::spec_text::compile_all(&text).map_err(|e| refused(e.to_string()))?;
-    if kernels.is_empty() {
-        return Err(refused("the file holds no spec".into()));
-    }
-    moek_kernels::Registry::builtin()
-        .with(
-            kernels
-                .into_iter()
-                .map(moek_kernels::KernelEntry::scheduled),
-        )
-        .map_err(|e| refused(e.to_string()))
 }
 
 #[derive(clap::Args, Debug, Clone)]

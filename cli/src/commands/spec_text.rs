@@ -31,6 +31,11 @@ fn refused(spec: Option<String>, e: syn::Error) -> Refused {
 /// Every spec of `text` (specs as `kernel!` takes them, one after another), checked: their IR,
 /// or the first spec's refusal.
 pub fn compile_all(text: &str) -> Result<Vec<Kernel>, Refused> {
+    compile_all_within(text, moek_kernels::ir::spyre::LX_BUDGET)
+}
+
+/// [`compile_all`] with Spyre plans held to `lx` bytes of LX per core (`--lx-budget`).
+pub fn compile_all_within(text: &str, lx: usize) -> Result<Vec<Kernel>, Refused> {
     let tokens = proc_macro2::TokenStream::from_str(text).map_err(|e| Refused {
         spec: None,
         messages: vec![e.to_string()],
@@ -39,7 +44,8 @@ pub fn compile_all(text: &str) -> Result<Vec<Kernel>, Refused> {
     specs
         .iter()
         .map(|spec| {
-            moek_dsl::check::check(spec).map_err(|e| refused(Some(spec.name.to_string()), e))
+            moek_dsl::check::check_within(spec, lx)
+                .map_err(|e| refused(Some(spec.name.to_string()), e))
         })
         .collect()
 }

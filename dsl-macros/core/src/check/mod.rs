@@ -43,9 +43,17 @@ pub const KEYS: &[&str] = &[
 
 /// Validates one spec. All errors are collected; the IR is returned only when there are none.
 pub fn check(spec: &Spec) -> syn::Result<Kernel> {
+    check_within(spec, moek_ir::spyre::LX_BUDGET)
+}
+
+/// [`check`] with Spyre plans held to `lx` bytes of LX per core instead of the device's budget:
+/// only for forcing a plan the device cannot hold through to the KTIR interpreter
+/// (`moek emit --lx-budget`), to show that its cap refuses the plan too.
+pub fn check_within(spec: &Spec, lx: usize) -> syn::Result<Kernel> {
     let mut cx = Checker {
         errors: Errors::default(),
         seen: Default::default(),
+        lx_budget: lx,
     };
     let kernel = cx.kernel(spec);
     cx.errors.finish()?;
@@ -57,6 +65,8 @@ pub(crate) struct Checker {
     pub(crate) errors: Errors,
     /// First occurrence of each key (with its phase), for duplicate-key errors.
     seen: std::collections::HashSet<String>,
+    /// LX bytes per core a Spyre plan must fit (the device's budget, unless forced).
+    pub(crate) lx_budget: usize,
 }
 
 /// Entry values parsed per key, with their tokens for later rules.

@@ -2,7 +2,7 @@
 
 use crate::ast::*;
 use crate::check::{Checker, Parsed};
-use moek_ir::spyre::{CORES, LX_BUDGET, STICK_ELEMS};
+use moek_ir::spyre::{CORES, STICK_ELEMS};
 use moek_ir::*;
 use moek_lower::spyre;
 
@@ -116,19 +116,19 @@ impl Checker {
         }
         if free.is_empty() && k.schedule.select != Selection::Grouped {
             for r in spyre::resident(k) {
-                if r.bytes > LX_BUDGET {
+                if r.bytes > self.lx_budget {
                     self.errors.push(
                         spec.name.span(),
                         format!(
                             "resident operand `{}` needs {} bytes of LX per core; the budget is {} bytes (2 MiB less 20% reserved): split tokens further or use more groups",
-                            r.name, r.bytes, LX_BUDGET
+                            r.name, r.bytes, self.lx_budget
                         ),
                     );
                 }
             }
             if self.errors.is_empty() {
                 for &dtype in &k.dtypes {
-                    if let Err(why) = spyre::lower::program(k, dtype) {
+                    if let Err(why) = spyre::lower::program_within(k, dtype, self.lx_budget) {
                         // A tile that does not fit is the reduction dim's doing: point there.
                         let span = match &why {
                             spyre::lower::LowerError::Streamed { reduction, .. } => p
@@ -146,10 +146,11 @@ impl Checker {
                 }
             }
             let total: usize = spyre::resident(k).iter().map(|r| r.bytes).sum();
-            if total > LX_BUDGET && spyre::resident(k).iter().all(|r| r.bytes <= LX_BUDGET) {
+            let lx = self.lx_budget;
+            if total > lx && spyre::resident(k).iter().all(|r| r.bytes <= lx) {
                 self.errors.push(
                     spec.name.span(),
-                    format!("resident operands need {total} bytes of LX per core together; the budget is {} bytes", LX_BUDGET),
+                    format!("resident operands need {total} bytes of LX per core together; the budget is {lx} bytes"),
                 );
             }
         }

@@ -32,7 +32,7 @@ pub(super) fn gate_up(k: &Kernel, s: &Sizes, phase: Phase, out: &str) -> Result<
         div.start(DimName::F, s.f),
         div.start(DimName::H, s.h),
     );
-    let mut plan = Plan::default();
+    let mut plan = Plan::new(s.lx);
     let mut body = vec![];
     // Resident: this core's x, one buffer per H segment.
     let xs: Vec<String> = segs
@@ -52,7 +52,7 @@ pub(super) fn gate_up(k: &Kernel, s: &Sizes, phase: Phase, out: &str) -> Result<
         per_reduction: 2 * DL16,
         per_column: 4 * F32 + F32,
     };
-    let tile = tile_for(k, fc, fixed, &streamed)?;
+    let tile = tile_for(k, s.lx, fc, fixed, &streamed)?;
     let (wg, wu) = (
         plan.buf("w_gate", widest * tile, true),
         plan.buf("w_up", widest * tile, true),
@@ -185,7 +185,7 @@ pub(super) fn down(k: &Kernel, s: &Sizes, phase: Phase, act: &str) -> Result<Sta
         div.start(DimName::H, s.h),
         div.start(DimName::F, s.f),
     );
-    let mut plan = Plan::default();
+    let mut plan = Plan::new(s.lx);
     let w = plan.buf("weights", tc * s.r, false);
     let acc = plan.buf("acc", tc * hc, false);
     let a_bufs: Vec<String> = fsegs
@@ -205,7 +205,7 @@ pub(super) fn down(k: &Kernel, s: &Sizes, phase: Phase, act: &str) -> Result<Sta
         per_column: 2 * F32,
     };
     let widest_cols = cols.iter().map(|(a, b)| b - a).max().unwrap_or(0);
-    let tile = tile_for(k, widest_cols, fixed, &streamed)?;
+    let tile = tile_for(k, s.lx, widest_cols, fixed, &streamed)?;
     let wt = plan.buf("w_down", widest * tile, true);
     let part = plan.buf("part", tile, false);
     let y = plan.buf("y", tile, false);

@@ -55,15 +55,24 @@ pub fn lowered(op: Op, select: Selection) -> bool {
     )
 }
 
-/// The program of `k` for `dtype` (the dtype only names the host type: both are DL16 on the device).
+/// The program of `k` for `dtype` (the dtype only names the host type: both are DL16 on the device),
+/// planned within the device's LX budget.
 pub fn program(k: &Kernel, dtype: DType) -> Result<Program, LowerError> {
+    program_within(k, dtype, LX_BUDGET)
+}
+
+/// The program of `k` planned within `lx` bytes of LX per core instead of the device's budget:
+/// how a plan the checker refuses is forced through to another tool (the KTIR interpreter, whose
+/// own cap then refuses it), never what a run uses. The program records the budget it was
+/// planned within.
+pub fn program_within(k: &Kernel, dtype: DType, lx: usize) -> Result<Program, LowerError> {
     if !lowered(k.op, k.schedule.select) {
         return Err(LowerError::NotYet(format!(
             "`{}` with `select: {}`",
             k.op, k.schedule.select
         )));
     }
-    let s = Sizes::of(k)?;
+    let s = Sizes::of(k, lx)?;
     let mut tensors = vec![];
     let mut add = |name: &str, role: DeviceRole, shape: Vec<usize>, elem_bytes: usize| {
         let base = tensors
@@ -133,7 +142,7 @@ pub fn program(k: &Kernel, dtype: DType) -> Result<Program, LowerError> {
         kernel: k.name.clone(),
         dtype: dtype.to_string(),
         cores_used,
-        lx_budget: LX_BUDGET,
+        lx_budget: lx,
         tensors,
         phases,
     })

@@ -87,7 +87,7 @@ pub(super) fn persistent(k: &Kernel, s: &Sizes) -> Result<Stage, LowerError> {
         divisions,
     };
     let lanes = STICK_BYTES / F32;
-    let mut plan = Plan::default();
+    let mut plan = Plan::new(s.lx);
     let x = plan.buf("x", tg * hg, true);
     let acc = plan.buf("acc", td * hd, false);
     let y = plan.buf("y", td * hd, false);
@@ -103,7 +103,7 @@ pub(super) fn persistent(k: &Kernel, s: &Sizes) -> Result<Stage, LowerError> {
         per_reduction: 2 * DL16,
         per_column: 2 * tg * F32 + tg * DL16 + hd * DL16,
     };
-    let tile = tile_for(k, s.f, fixed, &streamed)?;
+    let tile = tile_for(k, s.lx, s.f, fixed, &streamed)?;
     let (wg, wu) = (
         plan.buf("w_gate", hg * tile, true),
         plan.buf("w_up", hg * tile, true),

@@ -12,10 +12,12 @@ pub(super) struct Sizes {
     pub(super) e: usize,
     pub(super) h: usize,
     pub(super) f: usize,
+    /// LX bytes per core the plan must fit.
+    pub(super) lx: usize,
 }
 
 impl Sizes {
-    pub(super) fn of(k: &Kernel) -> Result<Self, LowerError> {
+    pub(super) fn of(k: &Kernel, lx: usize) -> Result<Self, LowerError> {
         let get = |d| {
             k.size(d).ok_or_else(|| {
                 LowerError::Refused(format!("`{d}` is free; spyre programs are fixed"))
@@ -27,6 +29,7 @@ impl Sizes {
             e: get(DimName::E)?,
             h: get(DimName::H)?,
             f: get(DimName::F)?,
+            lx,
         })
     }
 }
@@ -125,13 +128,22 @@ pub(super) fn tiles(segs: &[(usize, usize)], tile: usize) -> Vec<(usize, usize)>
 }
 
 /// Bump allocation of LX buffers, 128 B aligned; every buffer lives for the whole phase.
-#[derive(Default)]
 pub(super) struct Plan {
     pub(super) buffers: Vec<Buffer>,
     pub(super) next: usize,
+    /// LX bytes per core the buffers must fit.
+    budget: usize,
 }
 
 impl Plan {
+    pub(super) fn new(budget: usize) -> Self {
+        Plan {
+            buffers: vec![],
+            next: 0,
+            budget,
+        }
+    }
+
     pub(super) fn buf(&mut self, name: &str, elems: usize, dl16: bool) -> String {
         let bytes = elems * if dl16 { DL16 } else { F32 };
         self.buffers.push(Buffer {
@@ -154,16 +166,17 @@ impl Plan {
     ) -> Result<Stage, LowerError> {
         let last = flat_len(&body).saturating_sub(1);
         self.buffers.iter_mut().for_each(|b| b.live = (0, last));
-        if self.next > LX_BUDGET {
+        if self.next > self.budget {
             let list: Vec<String> = self
                 .buffers
                 .iter()
                 .map(|b| format!("{} {} B", b.name, b.bytes))
                 .collect();
             return Err(LowerError::Refused(format!(
-                "the {name} phase needs {} bytes of LX per core ({}); the budget is {LX_BUDGET}",
+                "the {name} phase needs {} bytes of LX per core ({}); the budget is {}",
                 self.next,
-                list.join(", ")
+                list.join(", "),
+                self.budget
             )));
         }
         Ok(Stage {
@@ -202,17 +215,17 @@ impl Streamed {
     }
 
     /// Why no tile fits beside `fixed` resident bytes, and the blocking that would fit.
-    fn refusal(&self, k: &Kernel, fixed: usize) -> LowerError {
+    fn refusal(&self, k: &Kernel, lx: usize, fixed: usize) -> LowerError {
         let stick = STICK_BYTES / DL16;
         let (phase, cores) = match self.phase {
             Phase::All => (format!("`{}`", k.op), "cores".to_string()),
             p => (format!("the {p} phase"), format!("cores({p})")),
         };
         let r = self.reduction;
-        let room = LX_BUDGET.saturating_sub(fixed) / stick;
+        let room = lx.saturating_sub(fixed) / stick;
         let most = room.saturating_sub(self.per_column) / self.per_reduction.max(1);
         let mut msg = format!(
-            "{phase} streams weight tiles along `{}`, each column a `{r}` row of {}: one {stick}-column tile needs {} bytes of LX beside {fixed} resident, over the budget of {LX_BUDGET}",
+            "{phase} streams weight tiles along `{}`, each column a `{r}` row of {}: one {stick}-column tile needs {} bytes of LX beside {fixed} resident, over the budget of {lx}",
             self.along,
             self.widest,
             stick * self.per_elem(),
@@ -244,20 +257,21 @@ impl Streamed {
 /// fit), else the widest that fits, up to `n`.
 pub(super) fn tile_for(
     k: &Kernel,
+    lx: usize,
     n: usize,
     fixed: usize,
     what: &Streamed,
 ) -> Result<usize, LowerError> {
     let dim = what.along;
     let Some(t) = k.schedule.stream.iter().find(|t| t.dim == dim) else {
-        return pick_tile(k, n, fixed, what);
+        return pick_tile(k, lx, n, fixed, what);
     };
     let tile = t.size.min(n);
     let need = fixed + what.per_elem() * tile;
-    if need > LX_BUDGET {
-        let fits = pick_tile(k, n, fixed, what)?;
+    if need > lx {
+        let fits = pick_tile(k, lx, n, fixed, what)?;
         return Err(LowerError::Refused(format!(
-            "the stream tile {dim} = {} needs {need} bytes of LX per core; the budget is {LX_BUDGET}: `stream: {dim} = {fits}` fits",
+            "the stream tile {dim} = {} needs {need} bytes of LX per core; the budget is {lx}: `stream: {dim} = {fits}` fits",
             t.size
         )));
     }
@@ -265,12 +279,18 @@ pub(super) fn tile_for(
 }
 
 /// The widest whole-stick tile of `n` elements whose `fixed + per_elem * tile` bytes fit LX.
-fn pick_tile(k: &Kernel, n: usize, fixed: usize, what: &Streamed) -> Result<usize, LowerError> {
+fn pick_tile(
+    k: &Kernel,
+    lx: usize,
+    n: usize,
+    fixed: usize,
+    what: &Streamed,
+) -> Result<usize, LowerError> {
     let stick = STICK_BYTES / DL16;
-    let room = LX_BUDGET.saturating_sub(fixed) / what.per_elem().max(1);
+    let room = lx.saturating_sub(fixed) / what.per_elem().max(1);
     let tile = (room.min(n) / stick) * stick;
     if tile == 0 {
-        return Err(what.refusal(k, fixed));
+        return Err(what.refusal(k, lx, fixed));
     }
     Ok(tile.min(n))
 }
