@@ -1,6 +1,7 @@
 """Our cost model and ktir-cpu's latency estimate side by side on `moek tune`'s Spyre candidates.
 
     python3 scripts/ktir-rank.py KTIR_CPU_DIR --dims T=1,R=8,E=128,H=2816,F=704 [--pick N] [--out FILE]
+    python3 scripts/ktir-rank.py KTIR_CPU_DIR --dims DIMS --lx-only SECONDS [--out FILE]
     python3 scripts/ktir-rank.py --report FILE...
 
 The first form ranks every legal schedule of expert_ffn at DIMS (f16, spyre) by our cost model
@@ -8,8 +9,10 @@ The first form ranks every legal schedule of expert_ffn at DIMS (f16, spyre) by 
 included), and runs each one's KTIR (`moek emit --specs`) in ktir-cpu on inputs moek draws
 (`moek ktir-io`), holding its output to the f64 reference as the crosscheck does. One JSON line
 per candidate goes to FILE as it finishes (schedule, our modeled ms, ktir-cpu's us, pass). The
-second form prints the table and the rank correlations (Spearman's rho, Kendall's tau-b) of the
-two models over the lines of each FILE and over all of them. Neither model is a measurement:
+second form runs every candidate KTIR renders, each for at most SECONDS, and records whether
+the interpreter's LX cap refused it (a persistent loop's trips are alike, so a plan that has run
+a few trips without overflowing will not overflow later). The third form prints the table and the rank correlations (Spearman's rho, Kendall's tau-b) of the
+two models over the lines of each FILE (one op and size a file). Neither model is a measurement:
 ktir-cpu's constants are uncalibrated (docs/ktir.md), so this compares rankings, not truths.
 Needs a release build of moek; the interpreter stays outside the repository.
 """
@@ -57,7 +60,7 @@ def rank(args):
           flush=True)
     for why, count in refused.items():
         print(f"  not rendered {count:>4}: {why}", flush=True)
-    n = min(args.pick, len(renderable))
+    n = len(renderable) if args.lx_only else min(args.pick, len(renderable))
     picks = sorted({round(k * (len(renderable) - 1) / max(n - 1, 1)) for k in range(n)})
     print(f"running our ranks {[renderable[k][0] for k in picks]} in ktir-cpu", flush=True)
     for k in picks:
@@ -73,12 +76,22 @@ def rank(args):
             io = sh(MOEK, "ktir-io", name, "--specs", specs, "--dir", os.path.join(work, "in")).split()
             out = os.path.join(work, "out")
             start = time.time()
-            ran = subprocess.run([py, "scripts/ktir-run.py", args.ktir, program, name, out, *io],
-                                 text=True, capture_output=True)
+            line = {"dims": args.dims, "rank": i, "schedule": r["schedule"], "ours_ms": r["figure"]}
+            try:
+                ran = subprocess.run([py, "scripts/ktir-run.py", args.ktir, program, name, out, *io],
+                                     text=True, capture_output=True, timeout=args.lx_only)
+            except subprocess.TimeoutExpired:
+                line.update(lx="no overflow", ran_s=args.lx_only)
+                ran = None
             wall = time.time() - start
-            line = {"dims": args.dims, "rank": i, "schedule": r["schedule"], "ours_ms": r["figure"],
-                    "wall_s": round(wall)}
-            if ran.returncode != 0:
+            line["wall_s"] = round(wall)
+            if ran is None:
+                pass
+            elif "LX scratchpad overflow" in ran.stderr:
+                line.update(lx="overflow", ktir_us=None, passed=False, error=ran.stderr.strip()[-200:])
+            elif args.lx_only and ran.returncode == 0:
+                line.update(lx="no overflow", ran_s=round(wall))
+            elif ran.returncode != 0:
                 line.update(ktir_us=None, passed=False, error=ran.stderr.strip()[-300:])
             else:
                 cmp = subprocess.run([MOEK, "ktir-io", name, "--specs", specs, "--dir",
@@ -142,25 +155,26 @@ def correlations(rows):
 
 
 def report(files):
-    every = []
     for path in files:
         rows = [json.loads(l) for l in open(path) if l.strip()]
-        done = [r for r in rows if r["ktir_us"] is not None]
+        done = [r for r in rows if r.get("ktir_us") is not None]
         print(f"{path}: {rows[0]['dims'] if rows else ''}")
         print("| rank | schedule | ours (ms) | ktir-cpu (us) | numerics | wall (s) |")
         print("|---|---|---|---|---|---|")
         for r in rows:
             sched = re.sub(r"; requires: [a-z_, ]+", "", r["schedule"].replace("select: ", ""))
-            k = "failed: " + r.get("error", "") if r["ktir_us"] is None else f"{r['ktir_us']:.0f}"
-            print(f"| {r['rank']} | {sched} | {r['ours_ms']:.3f} | {k} | "
-                  f"{'pass' if r['passed'] else 'FAIL'} | {r['wall_s']} |")
+            if r.get("ktir_us") is not None:
+                k, ok = f"{r['ktir_us']:.0f}", "pass" if r["passed"] else "FAIL"
+            elif r.get("lx") == "no overflow":
+                k, ok = f"no LX overflow in {r['ran_s']:.0f} s", "not compared"
+            else:
+                k, ok = "stopped: " + r.get("error", "").split(": ", 1)[-1], "FAIL"
+            print(f"| {r['rank']} | {sched} | {r['ours_ms']:.3f} | {k} | {ok} | {r['wall_s']} |")
         if len(done) >= 2:
             rho, tau = correlations(done)
-            print(f"{len(done)} candidates: Spearman rho {rho:.3f}, Kendall tau-b {tau:.3f}\n")
-        every += done
-    if len(files) > 1 and len(every) >= 2:
-        rho, tau = correlations(every)
-        print(f"all {len(every)}: Spearman rho {rho:.3f}, Kendall tau-b {tau:.3f}")
+            spread = max(r["ours_ms"] for r in done) / min(r["ours_ms"] for r in done) - 1
+            print(f"{len(done)} candidates run: Spearman rho {rho:.3f}, Kendall tau-b {tau:.3f} "
+                  f"(our model's figures spread {spread:.2%})\n")
 
 
 def main():
@@ -169,6 +183,7 @@ def main():
     ap.add_argument("--dims")
     ap.add_argument("--pick", type=int, default=8)
     ap.add_argument("--out")
+    ap.add_argument("--lx-only", type=float)
     ap.add_argument("--report", nargs="+")
     args = ap.parse_args()
     if args.report:

@@ -3,6 +3,7 @@
 
 pub mod kernels;
 pub mod model;
+mod plot;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 
@@ -39,6 +40,11 @@ pub struct BenchArgs {
     /// quantized to these blocks as they are loaded (as `--quantize` on `logits`/`generate`).
     #[arg(long, value_parser = super::block_formats(), requires = "from_file", conflicts_with = "dtype")]
     pub quantize: Option<moek_kernels::ir::BlockFormat>,
+    /// Model bench: draw each figure against its roof (decode against the probed bandwidth's
+    /// ceiling, prefill against the level's peak) into this SVG; without `--dtype` or
+    /// `--quantize`, bf16 and every block format are measured, one after another.
+    #[arg(long, value_name = "FILE.svg", requires = "geometry")]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

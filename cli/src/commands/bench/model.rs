@@ -78,9 +78,38 @@ pub struct StepParts {
 }
 
 pub fn run(args: &BenchArgs, layers: usize) -> Result<ExitCode, CommandError> {
-    let f = measure(args, layers)?;
-    match args.format {
-        Format::Json => print_json(&f),
+    // `--plot` without a storage format measures each one: bf16, then every block format.
+    let runs: Vec<BenchArgs> = match (&args.plot, args.dtype, args.quantize) {
+        (Some(_), None, None) => std::iter::once(None)
+            .chain(moek_kernels::ir::BlockFormat::ALL.iter().copied().map(Some))
+            .map(|dtype| BenchArgs {
+                dtype,
+                ..args.clone()
+            })
+            .collect(),
+        _ => vec![args.clone()],
+    };
+    let mut all = Vec::with_capacity(runs.len());
+    for run in &runs {
+        let f = measure(run, layers)?;
+        report(&f, args.format);
+        all.push(f);
+    }
+    if let Some(path) = &args.plot {
+        super::plot::draw(path, &all)?;
+        eprintln!(
+            "drew {} run(s) against their roofs: {}",
+            all.len(),
+            path.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints one run's figures.
+fn report(f: &ModelFigures, format: Format) {
+    match format {
+        Format::Json => print_json(f),
         Format::Text => {
             println!(
                 "{} x {} layers on {} ({}, {} threads), {}, random weights ({})",
@@ -147,7 +176,6 @@ pub fn run(args: &BenchArgs, layers: usize) -> Result<ExitCode, CommandError> {
             );
         }
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// Seconds the traced kernels of kind `what` took in one forward.
