@@ -125,6 +125,12 @@ impl Gpu {
         self.info.device_type == wgpu::DeviceType::Cpu
     }
 
+    /// Whether wgpu fell back to a CPU driver through GL (Mesa's llvmpipe): several times
+    /// slower than the same driver through Vulkan (lavapipe), which one package gives.
+    pub fn is_gl_cpu(&self) -> bool {
+        self.is_cpu() && self.info.backend == wgpu::Backend::Gl
+    }
+
     /// The largest storage buffer binding, bytes.
     pub fn binding_limit(&self) -> u64 {
         self.limits

@@ -53,6 +53,12 @@ pub fn run(
             Ok(name) => println!("wgpu adapter: {name}"),
             Err(why) => println!("wgpu: no adapter ({why})"),
         }
+        if gl_cpu_driver() {
+            println!(
+                "note: wgpu runs on a GL CPU driver (llvmpipe), several times slower than Vulkan's \
+                 lavapipe: `apt-get install mesa-vulkan-drivers` (Debian, Ubuntu) gives it"
+            );
+        }
     }
     println!(
         "{:<44} {:<9} {:<31} {:<30} {:>10} {:>10} {:>9} {:>12}  ok",
@@ -166,6 +172,18 @@ fn wgpu_adapter() -> Result<String, String> {
     #[cfg(not(feature = "wgpu"))]
     {
         Err("this build has no `wgpu` feature".to_string())
+    }
+}
+
+/// Whether the shared wgpu device is a CPU driver reached through GL.
+fn gl_cpu_driver() -> bool {
+    #[cfg(feature = "wgpu")]
+    {
+        moek_kernels::wgpu::Gpu::shared().is_ok_and(|g| g.is_gl_cpu())
+    }
+    #[cfg(not(feature = "wgpu"))]
+    {
+        false
     }
 }
 
