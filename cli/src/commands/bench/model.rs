@@ -90,7 +90,12 @@ pub fn run(args: &BenchArgs, layers: usize) -> Result<ExitCode, CommandError> {
         _ => vec![args.clone()],
     };
     let mut all = Vec::with_capacity(runs.len());
-    for run in &runs {
+    for (i, run) in runs.iter().enumerate() {
+        if i > 0 && !reset_peak_rss() {
+            eprintln!(
+                "note: this run's peak RSS includes the runs before it (it cannot be reset here)"
+            );
+        }
         let f = measure(run, layers)?;
         report(&f, args.format);
         all.push(f);
@@ -467,6 +472,12 @@ impl Work {
             moe_decode_bytes: experts * e,
         }
     }
+}
+
+/// Starts the peak resident set afresh (Linux: `5` into `/proc/self/clear_refs`), so each of
+/// several runs in one process reports its own; false where that cannot be done.
+fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
 /// The process's peak resident set (`VmHWM`), bytes; 0 where /proc is absent.
