@@ -48,9 +48,20 @@ pub fn run<W: Elem>(
     out: &mut [f32],
     mode: Mode,
 ) -> Result<SpyreRun, SpyreError> {
-    let p = program::<W>(k)?;
-    let mut dev = bind(&p, s, inputs, mode)?;
-    let counters = moek_spyre::simulate(&p, mode, &mut dev)?;
+    run_program(&program::<W>(k)?, s, inputs, out, mode)
+}
+
+/// Runs a program already lowered (the KTIR crosscheck's, which may be planned within another LX
+/// budget) on `inputs`, writing the op's output to `out`.
+pub fn run_program<W: Elem>(
+    p: &Program,
+    s: &Shape,
+    inputs: &Inputs<'_, W>,
+    out: &mut [f32],
+    mode: Mode,
+) -> Result<SpyreRun, SpyreError> {
+    let mut dev = bind(p, s, inputs, mode)?;
+    let counters = moek_spyre::simulate(p, mode, &mut dev)?;
     let result = dev.tensors["out"].to_f32();
     out.copy_from_slice(&result[..out.len()]);
     Ok(SpyreRun {

@@ -50,14 +50,17 @@ pub fn run(
     let adapter = wgpu_adapter();
     if cfg!(feature = "wgpu") {
         match &adapter {
-            Ok(name) => println!("wgpu adapter: {name}"),
+            Ok(a) => {
+                println!("wgpu adapter: {}", a.name);
+                if a.gl_cpu {
+                    println!(
+                        "note: wgpu runs on a GL CPU driver (llvmpipe), several times slower than \
+                         Vulkan's lavapipe: `apt-get install mesa-vulkan-drivers` (Debian, Ubuntu) \
+                         gives it"
+                    );
+                }
+            }
             Err(why) => println!("wgpu: no adapter ({why})"),
-        }
-        if gl_cpu_driver() {
-            println!(
-                "note: wgpu runs on a GL CPU driver (llvmpipe), several times slower than Vulkan's \
-                 lavapipe: `apt-get install mesa-vulkan-drivers` (Debian, Ubuntu) gives it"
-            );
         }
     }
     println!(
@@ -161,29 +164,28 @@ pub fn run(
     Ok(ExitCode::SUCCESS)
 }
 
-/// The shared wgpu device's name and f16 mode, or why there is none.
-fn wgpu_adapter() -> Result<String, String> {
+/// The shared wgpu device as `moek check` describes it.
+struct Adapter {
+    /// Its name and f16 mode.
+    name: String,
+    /// Whether it is a CPU driver reached through GL (llvmpipe).
+    gl_cpu: bool,
+}
+
+/// The shared wgpu device, or why there is none.
+fn wgpu_adapter() -> Result<Adapter, String> {
     #[cfg(feature = "wgpu")]
     {
         moek_kernels::wgpu::Gpu::shared()
-            .map(|g| format!("{}, f16 loads {:?}", g.name(), g.f16))
+            .map(|g| Adapter {
+                name: format!("{}, f16 loads {:?}", g.name(), g.f16),
+                gl_cpu: g.is_gl_cpu(),
+            })
             .map_err(|e| e.to_string())
     }
     #[cfg(not(feature = "wgpu"))]
     {
         Err("this build has no `wgpu` feature".to_string())
-    }
-}
-
-/// Whether the shared wgpu device is a CPU driver reached through GL.
-fn gl_cpu_driver() -> bool {
-    #[cfg(feature = "wgpu")]
-    {
-        moek_kernels::wgpu::Gpu::shared().is_ok_and(|g| g.is_gl_cpu())
-    }
-    #[cfg(not(feature = "wgpu"))]
-    {
-        false
     }
 }
 

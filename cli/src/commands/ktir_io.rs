@@ -125,8 +125,9 @@ fn compare(
         .collect();
     let versus_reference = Deviation::measure(got, &want);
     let mut dl16 = vec![f32::NAN; len];
-    let ran = moek_kernels::spyre::run(k, &case.shape, &case.inputs(), &mut dl16, Mode::Dl16)
-        .map_err(spyre)?;
+    let ran =
+        moek_kernels::spyre::run_program(p, &case.shape, &case.inputs(), &mut dl16, Mode::Dl16)
+            .map_err(spyre)?;
     let simulated: Vec<f64> = dl16.iter().map(|&v| f64::from(v)).collect();
     let versus_simulator = Deviation::measure(got, &simulated);
     let (tol, tol_dl16) = (tolerance(DType::F16), tolerance_dl16(DType::F16));

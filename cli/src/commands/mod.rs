@@ -7,6 +7,7 @@ pub mod figures;
 #[cfg(feature = "spyre")]
 pub mod ktir_io;
 pub mod list;
+#[cfg(feature = "spyre")]
 pub mod npy;
 pub mod quantize;
 pub mod run;

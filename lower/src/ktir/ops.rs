@@ -1,7 +1,7 @@
 //! One phase's instructions as KTIR ops: the core's slice coordinates, each LX buffer as the SSA
 //! value it holds now, and the rendering of each instruction.
 
-use super::text::{access_tile, boxed, identity, tensor};
+use super::text::{access_tile, boxed, identity, rows_then_last, tensor};
 use super::{KtirError, Renderer, elem, matmul_lefts};
 use moek_ir::spyre::{Advance, Affine, Instr, Region, RouteRef, Sfp, Stage};
 use std::collections::{HashMap, HashSet};
@@ -280,13 +280,11 @@ impl<'r, 'p> Phase<'r, 'p> {
         let rows: usize = ext[..ext.len() - 1].iter().product();
         let shape = vec![rows, ext[ext.len() - 1]];
         if ext.len() > 2 {
-            let groups: Vec<String> = (0..ext.len() - 1).map(|i| i.to_string()).collect();
             v = self.r.t.def(
                 "r",
                 format!(
-                    "tensor.collapse_shape {v} [[{}], [{}]] : {} into {}",
-                    groups.join(", "),
-                    ext.len() - 1,
+                    "tensor.collapse_shape {v} {} : {} into {}",
+                    rows_then_last(ext.len()),
                     tensor(ext, dt),
                     tensor(&shape, dt)
                 ),
@@ -363,14 +361,12 @@ impl<'r, 'p> Phase<'r, 'p> {
             );
         }
         if shape != *ext {
-            let groups: Vec<String> = (0..ext.len() - 1).map(|i| i.to_string()).collect();
             let dims: Vec<String> = ext.iter().map(ToString::to_string).collect();
             v = self.r.t.def(
                 "r",
                 format!(
-                    "tensor.expand_shape {v} [[{}], [{}]] output_shape [{}] : {} into {}",
-                    groups.join(", "),
-                    ext.len() - 1,
+                    "tensor.expand_shape {v} {} output_shape [{}] : {} into {}",
+                    rows_then_last(ext.len()),
                     dims.join(", "),
                     tensor(&shape, dt),
                     tensor(ext, dt)

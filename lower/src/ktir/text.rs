@@ -27,6 +27,16 @@ pub(super) fn dims(shape: &[usize]) -> String {
         .join("x")
 }
 
+/// The reassociation that folds every dim of a rank-`r` shape but the last into rows:
+/// `[[0, 1], [2]]` for rank 3 (`tensor.collapse_shape` to `[rows, last]`, `expand_shape` back).
+pub(super) fn rows_then_last(r: usize) -> String {
+    let rows = (0..r - 1)
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("[[{rows}], [{}]]", r - 1)
+}
+
 /// The box `0 <= d_i < shape[i]` as an affine set.
 pub(super) fn boxed(shape: &[usize]) -> String {
     let vars = vars(shape.len());
