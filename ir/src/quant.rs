@@ -20,6 +20,7 @@
 //! rounding of its own.
 
 use crate::BlockFormat;
+use crate::element::{Element, Kind};
 use half::f16;
 
 /// Values in one group: what the kernels read at a time, the unit activations are quantized in,
@@ -80,59 +81,24 @@ unsafe impl<const G: usize> bytemuck::Pod for BlockQ8<G> {}
 unsafe impl<const G: usize> bytemuck::Zeroable for BlockQ4<G> {}
 unsafe impl<const G: usize> bytemuck::Pod for BlockQ4<G> {}
 
-/// How many values one stored element of a weight tensor holds: one for the plain dtypes, a
-/// block for the quantized ones. Offsets into a weight tensor are counted in values and divided
-/// by this (rows are whole blocks, which the checker and the input checks hold).
-pub trait Packed: bytemuck::Pod {
-    const VALUES: usize;
-}
-
-impl Packed for f16 {
-    const VALUES: usize = 1;
-}
-impl Packed for half::bf16 {
-    const VALUES: usize = 1;
-}
-impl Packed for f32 {
-    const VALUES: usize = 1;
-}
-impl<const G: usize> Packed for BlockQ8<G> {
-    const VALUES: usize = G * GROUP;
-}
-impl<const G: usize> Packed for BlockQ4<G> {
-    const VALUES: usize = G * GROUP;
-}
-
-/// A block-quantized weight format at one block size ([`Packed::VALUES`] values a block).
-pub trait Quantized: Packed + Default + Send + Sync + PartialEq + std::fmt::Debug {
-    /// The format these blocks are.
-    const FORMAT: BlockFormat;
-    /// Groups of [`GROUP`] values a block holds.
-    const GROUPS: usize = Self::VALUES / GROUP;
+impl<const G: usize> BlockQ8<G> {
     /// The block's scale.
-    fn scale(&self) -> f32;
-    /// Value `i` of group `g` in steps of the scale (Q8: the byte; Q4: the nibble less 8).
-    fn step(&self, g: usize, i: usize) -> i32;
-    /// The block of `values` (exactly [`Packed::VALUES`] of them).
-    fn quantize(values: &[f32]) -> Self;
-    /// The exact values the block stands for.
-    fn dequantize(&self, out: &mut [f32]) {
-        let d = self.scale();
-        for (i, o) in out.iter_mut().enumerate().take(Self::VALUES) {
-            *o = d * self.step(i / GROUP, i % GROUP) as f32;
-        }
-    }
-}
-
-impl<const G: usize> Quantized for BlockQ8<G> {
-    const FORMAT: BlockFormat = BlockFormat::Q8_0;
-
-    fn scale(&self) -> f32 {
+    pub fn scale(&self) -> f32 {
         f16::from_bits(self.d).to_f32()
     }
 
-    fn step(&self, g: usize, i: usize) -> i32 {
+    /// Value `i` of group `g` in steps of the scale: the byte.
+    pub fn step(&self, g: usize, i: usize) -> i32 {
         i32::from(self.qs[g][i])
+    }
+}
+
+impl<const G: usize> Element for BlockQ8<G> {
+    const KIND: Kind = Kind::Blocks(BlockFormat::Q8_0);
+    const VALUES: usize = G * GROUP;
+
+    fn value(&self, i: usize) -> f32 {
+        self.scale() * self.step(i / GROUP, i % GROUP) as f32
     }
 
     fn quantize(values: &[f32]) -> Self {
@@ -169,17 +135,24 @@ impl<const G: usize> BlockQ4<G> {
             byte >> 4
         }
     }
-}
 
-impl<const G: usize> Quantized for BlockQ4<G> {
-    const FORMAT: BlockFormat = BlockFormat::Q4_0;
-
-    fn scale(&self) -> f32 {
+    /// The block's scale.
+    pub fn scale(&self) -> f32 {
         f16::from_bits(self.d).to_f32()
     }
 
-    fn step(&self, g: usize, i: usize) -> i32 {
+    /// Value `i` of group `g` in steps of the scale: the nibble less 8.
+    pub fn step(&self, g: usize, i: usize) -> i32 {
         i32::from(self.nibble(g * GROUP + i)) - 8
+    }
+}
+
+impl<const G: usize> Element for BlockQ4<G> {
+    const KIND: Kind = Kind::Blocks(BlockFormat::Q4_0);
+    const VALUES: usize = G * GROUP;
+
+    fn value(&self, i: usize) -> f32 {
+        self.scale() * self.step(i / GROUP, i % GROUP) as f32
     }
 
     fn quantize(values: &[f32]) -> Self {
@@ -210,7 +183,7 @@ impl<const G: usize> Quantized for BlockQ4<G> {
 }
 
 /// `values` (a whole number of blocks) in blocks of `Q`.
-pub fn quantize<Q: Quantized>(values: &[f32]) -> Vec<Q> {
+pub fn quantize<Q: Element>(values: &[f32]) -> Vec<Q> {
     assert_eq!(
         values.len() % Q::VALUES,
         0,
@@ -222,7 +195,7 @@ pub fn quantize<Q: Quantized>(values: &[f32]) -> Vec<Q> {
 }
 
 /// The exact values of `blocks`.
-pub fn dequantize<Q: Quantized>(blocks: &[Q]) -> Vec<f32> {
+pub fn dequantize<Q: Element>(blocks: &[Q]) -> Vec<f32> {
     let mut out = vec![0f32; blocks.len() * Q::VALUES];
     for (b, o) in blocks.iter().zip(out.chunks_exact_mut(Q::VALUES)) {
         b.dequantize(o);
@@ -246,18 +219,18 @@ mod tests {
 
     /// Round to nearest: every value is within `steps` of its block's scale (half a step; Q4_0's
     /// range is -8..=7 steps, so a value of the other sign than the largest one can clip by one).
-    fn within<Q: Quantized>(values: &[f32], steps: f32) {
+    fn within<Q: Element>(values: &[f32], steps: f32, scale: fn(&Q) -> f32) {
         let b = Q::quantize(values);
         let mut got = vec![0f32; Q::VALUES];
         b.dequantize(&mut got);
         // The f16 scale rounds too: allow its relative 2^-11 on the largest value.
         let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let slack = b.scale().abs() * steps + amax * 2f32.powi(-10);
+        let slack = scale(&b).abs() * steps + amax * 2f32.powi(-10);
         for (g, v) in got.iter().zip(values) {
             assert!(
                 (g - v).abs() <= slack,
                 "{v} became {g} (scale {})",
-                b.scale()
+                scale(&b)
             );
         }
     }
@@ -275,8 +248,8 @@ mod tests {
     #[test]
     fn larger_blocks_share_one_scale_and_keep_the_group_layout() {
         let v = ramp_of(4 * GROUP, 5);
-        within::<BlockQ8<4>>(&v, 0.5);
-        within::<BlockQ4<4>>(&v, 1.0);
+        within(&v, 0.5, BlockQ8::<4>::scale);
+        within(&v, 1.0, BlockQ4::<4>::scale);
         let mut big = v.clone();
         big[3 * GROUP + 20] = 9.0;
         let b = BlockQ4::<4>::quantize(&big);
@@ -299,8 +272,8 @@ mod tests {
     #[test]
     fn quantized_values_are_within_a_step() {
         for seed in 0..8 {
-            within::<BlockQ8_0>(&ramp(seed), 0.5);
-            within::<BlockQ4_0>(&ramp(seed), 1.0);
+            within(&ramp(seed), 0.5, BlockQ8_0::scale);
+            within(&ramp(seed), 1.0, BlockQ4_0::scale);
         }
     }
 

@@ -5,28 +5,7 @@
 //! (already in the storage dtype), widened exactly to f64.
 
 use crate::Activation;
-use half::{bf16, f16};
-
-/// A storage element widened exactly to f64.
-pub trait Real: Copy {
-    fn f64(self) -> f64;
-}
-
-impl Real for f32 {
-    fn f64(self) -> f64 {
-        f64::from(self)
-    }
-}
-impl Real for f16 {
-    fn f64(self) -> f64 {
-        f64::from(self.to_f32())
-    }
-}
-impl Real for bf16 {
-    fn f64(self) -> f64 {
-        f64::from(self.to_f32())
-    }
-}
+use crate::element::Element;
 
 /// Gemma's activation, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
 pub fn gelu_tanh(x: f64) -> f64 {
@@ -69,8 +48,18 @@ pub fn softcap(x: f64, cap: f64) -> f64 {
     cap * (x / cap).tanh()
 }
 
-fn dot<A: Real, B: Real>(a: &[A], b: &[B]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| x.f64() * y.f64()).sum()
+/// A stored plain value widened exactly to f64.
+fn real<T: Element>(x: T) -> f64 {
+    f64::from(x.to_f32())
+}
+
+fn dot<A: Element, B: Element>(a: &[A], b: &[B]) -> f64 {
+    a.iter().zip(b).map(|(&x, &y)| real(x) * real(y)).sum()
+}
+
+/// `a . b` for an f64 row `a` (the reference's own intermediates).
+fn dot_f64<B: Element>(a: &[f64], b: &[B]) -> f64 {
+    a.iter().zip(b).map(|(&x, &y)| x * real(y)).sum()
 }
 
 /// Sizes of the problem a kernel runs on (dims an op lacks are 0 or 1).
@@ -119,7 +108,7 @@ impl<W> Default for Biases<'_, W> {
 
 /// `gated(x . Wg[e] + bg[e], x . Wu[e] + bu[e])` for one token; `gate_up` is `[E, 2F, H]`, gate
 /// rows first; the bias, if any, `[E, 2F]`.
-pub fn expert_gate_up<W: Real>(
+pub fn expert_gate_up<W: Element>(
     s: &Shape,
     act: Activation,
     x: &[W],
@@ -128,7 +117,7 @@ pub fn expert_gate_up<W: Real>(
     e: usize,
 ) -> Vec<f64> {
     let bank = &gate_up[e * 2 * s.f * s.h..(e + 1) * 2 * s.f * s.h];
-    let b = |j: usize| bias.map_or(0.0, |b| b[e * 2 * s.f + j].f64());
+    let b = |j: usize| bias.map_or(0.0, |b| real(b[e * 2 * s.f + j]));
     (0..s.f)
         .map(|j| {
             let g = dot(x, &bank[j * s.h..(j + 1) * s.h]) + b(j);
@@ -139,21 +128,23 @@ pub fn expert_gate_up<W: Real>(
 }
 
 /// `a . Wd[e] + bd[e]` for one activation row; `down` is `[E, H, F]`; the bias, if any, `[E, H]`.
-pub fn expert_down<W: Real, A: Real>(
+pub fn expert_down<W: Element>(
     s: &Shape,
-    a: &[A],
+    a: &[f64],
     down: &[W],
     bias: Option<&[W]>,
     e: usize,
 ) -> Vec<f64> {
     let bank = &down[e * s.h * s.f..(e + 1) * s.h * s.f];
     (0..s.h)
-        .map(|i| dot(a, &bank[i * s.f..(i + 1) * s.f]) + bias.map_or(0.0, |b| b[e * s.h + i].f64()))
+        .map(|i| {
+            dot_f64(a, &bank[i * s.f..(i + 1) * s.f]) + bias.map_or(0.0, |b| real(b[e * s.h + i]))
+        })
         .collect()
 }
 
 /// The `gate_up` op for token `t`: `[R, F]` activations of its routes.
-pub fn gate_up<W: Real>(
+pub fn gate_up<W: Element>(
     s: &Shape,
     act: Activation,
     x: &[W],
@@ -168,7 +159,7 @@ pub fn gate_up<W: Real>(
 }
 
 /// The `down` op for token `t`: `sum_r w[t,r] * (a[t,r] . Wd[idx[t,r]])`, `[H]`.
-pub fn down<W: Real>(
+pub fn down<W: Element>(
     s: &Shape,
     act: &[f32],
     idx: &[u32],
@@ -178,8 +169,11 @@ pub fn down<W: Real>(
 ) -> Vec<f64> {
     let mut out = vec![0.0; s.h];
     for r in 0..s.r {
-        let a = &act[(t * s.r + r) * s.f..(t * s.r + r + 1) * s.f];
-        let y = expert_down(s, a, down, None, idx[t * s.r + r] as usize);
+        let a: Vec<f64> = act[(t * s.r + r) * s.f..(t * s.r + r + 1) * s.f]
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect();
+        let y = expert_down(s, &a, down, None, idx[t * s.r + r] as usize);
         let w = f64::from(weights[t * s.r + r]);
         out.iter_mut().zip(y).for_each(|(o, y)| *o += w * y);
     }
@@ -187,7 +181,7 @@ pub fn down<W: Real>(
 }
 
 /// The routed expert FFN for token `t`, `[H]`, with the experts' biases if any.
-pub fn expert_ffn<W: Real>(
+pub fn expert_ffn<W: Element>(
     s: &Shape,
     act: Activation,
     x: &[W],
@@ -212,7 +206,7 @@ pub fn expert_ffn<W: Real>(
 
 /// The dense MLP for token `t`: `gate`/`up` are `[F, H]`, `down` is `[H, F]`; scaled by
 /// `sigmoid(x . output_gate)` when it has an output gate (`[H]`).
-pub fn dense_mlp<W: Real>(
+pub fn dense_mlp<W: Element>(
     s: &Shape,
     act: Activation,
     x: &[W],
@@ -231,7 +225,7 @@ pub fn dense_mlp<W: Real>(
         })
         .collect();
     (0..s.h)
-        .map(|i| scale * dot(&a, &down[i * s.f..(i + 1) * s.f]))
+        .map(|i| scale * dot_f64(&a, &down[i * s.f..(i + 1) * s.f]))
         .collect()
 }
 
@@ -248,7 +242,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
 
 /// LM head logits of the final row, for the vocabulary rows `rows`: `softcap(h[T-1] . emb[v])`,
 /// or the plain products without a cap.
-pub fn lm_head_row<W: Real>(
+pub fn lm_head_row<W: Element>(
     s: &Shape,
     hidden: &[W],
     emb: &[W],
@@ -262,10 +256,4 @@ pub fn lm_head_row<W: Real>(
             cap.map_or(x, |cap| softcap(x, cap))
         })
         .collect()
-}
-
-impl Real for f64 {
-    fn f64(self) -> f64 {
-        self
-    }
 }

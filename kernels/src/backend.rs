@@ -4,9 +4,9 @@
 //! target finds its runtime, and [`run`], the one run path for plain and quantized weights.
 
 use crate::dispatch::Backend;
-use crate::elem::{Elem, QuantAct, QuantElem};
 use crate::inputs::AnyInputs;
 use crate::registry::KernelEntry;
+use moek_ir::Element;
 use moek_ir::reference::Shape;
 use moek_ir::tolerance::{Tolerance, tolerance, tolerance_dl16};
 use moek_ir::{Capability, DType, Target};
@@ -181,22 +181,26 @@ impl Runtime for Cpu {
         out: &mut [f32],
     ) -> Result<Ran, String> {
         /// The plain variant for `W`, if the spec has one.
-        fn plain<W: Elem>(
+        fn plain<W: Element>(
             entry: &KernelEntry,
             shape: &Shape,
             inputs: &AnyInputs<'_, '_>,
             out: &mut [f32],
         ) -> Option<Option<u32>> {
-            Some(W::cpu_fn(&entry.cpu)?(shape, inputs.typed::<W, W>()?, out))
+            Some(entry.cpu.get::<W, W>()?(
+                shape,
+                inputs.typed::<W, W>()?,
+                out,
+            ))
         }
         /// The variant for weights in blocks of `Q` beside activations in `A`, if any.
-        fn blocks<Q: QuantElem, A: QuantAct>(
+        fn blocks<Q: Element, A: Element>(
             entry: &KernelEntry,
             shape: &Shape,
             inputs: &AnyInputs<'_, '_>,
             out: &mut [f32],
         ) -> Option<Option<u32>> {
-            let f = A::quant_fn(Q::cpu_fns(&entry.cpu)?)?;
+            let f = entry.cpu.get::<Q, A>()?;
             Some(f(shape, inputs.typed::<Q, A>()?, out))
         }
         let (e, s) = (entry, shape);
@@ -277,7 +281,7 @@ impl Runtime for Spyre {
     ) -> Result<Ran, String> {
         #[cfg(feature = "spyre")]
         {
-            fn plain<W: Elem>(
+            fn plain<W: Element>(
                 k: &moek_ir::Kernel,
                 shape: &Shape,
                 inputs: &AnyInputs<'_, '_>,

@@ -3,10 +3,10 @@
 //! call to [`run_gathered`] or [`run_gemm`]; an entry scheduled at run time
 //! ([`crate::KernelEntry::scheduled`]) runs the same functions on tables built from its IR.
 
-use crate::elem::{Elem, QuantAct, QuantElem};
 use crate::inputs::{AnyInputs, Inputs};
+use moek_cpu::Weight;
 use moek_cpu::skeleton::{self, Bank, Routes};
-use moek_cpu::{Element, Weight};
+use moek_ir::Element;
 use moek_ir::cpu::{Skeleton, Tables};
 use moek_ir::reference::Shape;
 use moek_ir::tensors::{
@@ -122,7 +122,7 @@ pub(crate) fn run_tables(
     inputs: &AnyInputs<'_, '_>,
     out: &mut [f32],
 ) -> Option<Option<u32>> {
-    fn plain<W: Elem + Element>(
+    fn plain<W: Weight>(
         t: &Tables,
         s: &Shape,
         inputs: &AnyInputs<'_, '_>,
@@ -134,7 +134,7 @@ pub(crate) fn run_tables(
             false => run_gemm(t, s, typed, out),
         })
     }
-    fn blocks<Q: QuantElem + Weight, A: QuantAct + Element>(
+    fn blocks<Q: Weight, A: Element>(
         t: &Tables,
         s: &Shape,
         inputs: &AnyInputs<'_, '_>,

@@ -7,9 +7,10 @@
 //! is an error returned before anything is computed or written.
 
 use crate::backend::{self, Runtime};
-use crate::elem::{Elem, QuantAct, QuantElem, quantized_dtype};
 use crate::inputs::{AnyInputs, InputError, Inputs};
 use crate::registry::{KernelEntry, Rank, Registry};
+use moek_ir::Element;
+use moek_ir::element::quantized_dtype;
 use moek_ir::reference::Shape;
 use moek_ir::{Capability, DType, Function, Kernel, Op, Storage, Target};
 use std::fmt;
@@ -373,7 +374,7 @@ fn specificity(k: &Kernel) -> (usize, usize, usize) {
 /// Runs the chosen (or requested) variant of the inputs' op, with the default activation and
 /// the optional tensors the inputs carry: inputs are validated and the choice is made before
 /// any output is written.
-pub fn run<W: Elem>(
+pub fn run<W: Element>(
     registry: &Registry,
     backend: &Backend,
     shape: &Shape,
@@ -386,7 +387,7 @@ pub fn run<W: Elem>(
 }
 
 /// [`run`] for `function`: the inputs' op and optional tensors, with its activation.
-pub fn run_function<W: Elem>(
+pub fn run_function<W: Element>(
     registry: &Registry,
     backend: &Backend,
     function: Function,
@@ -401,7 +402,7 @@ pub fn run_function<W: Elem>(
 
 /// [`run_function`] for weights in blocks of `Q` beside activations in `A` (the quantized
 /// dtypes).
-pub fn run_quantized<Q: QuantElem, A: QuantAct>(
+pub fn run_quantized<Q: Element, A: Element>(
     registry: &Registry,
     backend: &Backend,
     function: Function,

@@ -2,7 +2,7 @@
 //! each tensor is (name, shape, element class) is the op table, [`moek_ir::tensors`]; this
 //! module binds host slices to it.
 
-use moek_ir::quant::Packed;
+use moek_ir::Element;
 use moek_ir::reference::Biases;
 use moek_ir::reference::Shape;
 use moek_ir::tensors::{ElemClass, MAX_TENSORS, Optional, Optionals, TensorDef};
@@ -300,7 +300,7 @@ impl<'a, W: bytemuck::Pod, A: bytemuck::Pod> Bound<'a, W, A> {
     }
 }
 
-impl<W: crate::elem::Elem, A: crate::elem::Elem> Bound<'_, W, A> {
+impl<W: Element, A: Element> Bound<'_, W, A> {
     /// The values widened to f32 (route indices as numbers).
     pub fn to_f32(&self) -> Vec<f32> {
         match *self {
@@ -343,7 +343,7 @@ pub enum InputError {
     },
 }
 
-impl<'a, W: Packed, A: bytemuck::Pod> Inputs<'a, W, A> {
+impl<'a, W: Element, A: bytemuck::Pod> Inputs<'a, W, A> {
     /// Checks every tensor's length, every route index and the output's length against `s`.
     pub fn validate(&self, s: &Shape, out_len: usize) -> Result<(), InputError> {
         check(self.op(), &tensors(self), s, out_len)
@@ -361,7 +361,7 @@ pub struct AnyTensor<'a> {
 }
 
 /// `inputs`' tensors in the op table's order.
-fn tensors<'a, W: Packed, A: bytemuck::Pod>(inputs: &Inputs<'a, W, A>) -> Vec<AnyTensor<'a>> {
+fn tensors<'a, W: Element, A: bytemuck::Pod>(inputs: &Inputs<'a, W, A>) -> Vec<AnyTensor<'a>> {
     let (defs, bound) = (inputs.defs(), inputs.bound());
     debug_assert_eq!(
         defs.len(),
@@ -466,7 +466,7 @@ pub struct AnyInputs<'i, 'a> {
 
 impl<'i, 'a> AnyInputs<'i, 'a> {
     /// `inputs`, whose weights are stored as `dtype` says.
-    pub fn new<W: Packed + 'static, A: bytemuck::Pod + 'static>(
+    pub fn new<W: Element + 'static, A: bytemuck::Pod + 'static>(
         inputs: &'i Inputs<'a, W, A>,
         dtype: DType,
     ) -> Self {

@@ -13,10 +13,10 @@
 extern crate self as moek_kernels;
 
 pub mod backend;
+pub mod blocks;
 #[cfg(feature = "cpu")]
 pub mod cpu;
 pub mod dispatch;
-pub mod elem;
 pub mod geometry;
 pub mod inputs;
 pub mod registry;
@@ -29,10 +29,10 @@ pub mod testing;
 pub mod wgpu;
 
 pub use dispatch::{Backend, Choice, DispatchError, Ineligible};
-pub use elem::{Elem, QuantAct, QuantElem};
 pub use inputs::{InputError, Inputs};
 pub use moek_dsl_macros::kernel;
 pub use moek_ir as ir;
+pub use moek_ir::Element;
 pub use moek_ir::reference::Shape;
 pub use registry::{BlockFns, CpuFn, CpuFns, KernelEntry, QuantFns, Rank, Registry, RegistryError};
 

@@ -2,9 +2,9 @@
 
 use crate::inputs::Inputs;
 use half::{bf16, f16};
-use moek_ir::Kernel;
 use moek_ir::cpu::Tables;
 use moek_ir::reference::Shape;
+use moek_ir::{BlockFormat, Element, Kernel, Kind};
 use std::any::Any;
 use std::fmt;
 
@@ -68,6 +68,31 @@ impl<Q> QuantFns<Q> {
 }
 
 impl CpuFns {
+    /// The variant for weights stored as `W` beside activations in `A` (plain: `A` is `W`),
+    /// if the spec declares that dtype (and block size) and `cpu` is on.
+    pub fn get<W: Element, A: Element>(&self) -> Option<CpuFn<W, A>> {
+        /// `f` if it is the variant asked for (its type names the element types).
+        fn exactly<F: Copy + 'static, G: Copy + 'static>(f: Option<F>) -> Option<G> {
+            (&f as &dyn Any)
+                .downcast_ref::<Option<G>>()
+                .copied()
+                .flatten()
+        }
+        fn of_block<Q: Element, A: Element>(
+            fns: Option<&'static QuantFns<Q>>,
+        ) -> Option<CpuFn<Q, A>> {
+            let fns = fns?;
+            exactly(fns.f32).or_else(|| exactly(fns.bf16))
+        }
+        match W::KIND {
+            Kind::Plain(_) => exactly(self.f16)
+                .or_else(|| exactly(self.bf16))
+                .or_else(|| exactly(self.f32)),
+            Kind::Blocks(BlockFormat::Q8_0) => of_block(self.q8_0.get::<W>()),
+            Kind::Blocks(BlockFormat::Q4_0) => of_block(self.q4_0.get::<W>()),
+        }
+    }
+
     pub const NONE: CpuFns = CpuFns {
         f16: None,
         bf16: None,

@@ -5,8 +5,8 @@
 //! The program is lowered from the spec's IR by `moek_lower::spyre::lower`, the same function the
 //! macro ran at compile time (where a plan that does not fit is a compile error).
 
-use crate::elem::Elem;
 use crate::inputs::{Bound, Inputs};
+use moek_ir::Element;
 use moek_ir::Kernel;
 use moek_ir::reference::Shape;
 use moek_ir::spyre::{DeviceRole, Program};
@@ -33,7 +33,7 @@ pub struct SpyreRun {
 }
 
 /// The program of `k` for `W`.
-pub fn program<W: Elem>(k: &Kernel) -> Result<Program, SpyreError> {
+pub fn program<W: Element>(k: &Kernel) -> Result<Program, SpyreError> {
     lower::program(k, W::DTYPE).map_err(|why| SpyreError::NoProgram {
         kernel: k.name.clone(),
         why,
@@ -41,7 +41,7 @@ pub fn program<W: Elem>(k: &Kernel) -> Result<Program, SpyreError> {
 }
 
 /// Runs `k`'s program on `inputs`, writing the op's output to `out`.
-pub fn run<W: Elem>(
+pub fn run<W: Element>(
     k: &Kernel,
     s: &Shape,
     inputs: &Inputs<'_, W>,
@@ -53,7 +53,7 @@ pub fn run<W: Elem>(
 
 /// Runs a program already lowered (the KTIR crosscheck's, which may be planned within another LX
 /// budget) on `inputs`, writing the op's output to `out`.
-pub fn run_program<W: Elem>(
+pub fn run_program<W: Element>(
     p: &Program,
     s: &Shape,
     inputs: &Inputs<'_, W>,
@@ -74,7 +74,7 @@ pub fn run_program<W: Elem>(
 /// hands them to the interpreter). Banks are transposed into their stick layouts: every expert for
 /// a dense program, the experts the routes select for a gather program (the others stay zero: a
 /// program that read one would be wrong, and the equivalence tests would say so).
-pub fn bind<W: Elem>(
+pub fn bind<W: Element>(
     p: &Program,
     s: &Shape,
     inputs: &Inputs<'_, W>,
@@ -174,7 +174,7 @@ pub fn bind<W: Elem>(
 /// The cost model's figures for `k`'s program without computing any value ([`Mode::Count`]): the
 /// bytes, ring traffic and multiply-adds a run on routes `idx` counts, in milliseconds at full
 /// size, so a schedule search can rank every legal program.
-pub fn cost<W: Elem>(k: &Kernel, idx: &[u32]) -> Result<SpyreRun, SpyreError> {
+pub fn cost<W: Element>(k: &Kernel, idx: &[u32]) -> Result<SpyreRun, SpyreError> {
     let p = program::<W>(k)?;
     let mut dev = Device::default();
     for t in p.tensors.iter().filter(|t| t.role == DeviceRole::Routes) {

@@ -8,8 +8,8 @@
 //! unchanged (a loaded model, through [`crate::Backend::with_resident_weights`]).
 
 use crate::backend::Uploaded;
-use crate::elem::Elem;
 use crate::inputs::{AnyInputs, Inputs};
+use moek_ir::Element;
 use moek_ir::plan::BufferRole;
 
 use moek_ir::reference::Shape;
@@ -51,7 +51,7 @@ pub fn program(
 }
 
 /// Runs `k` once on the shared device, uploading every tensor (see [`Session`] to keep weights).
-pub fn run<W: Elem>(
+pub fn run<W: Element>(
     k: &Kernel,
     s: &Shape,
     inputs: &Inputs<'_, W>,
@@ -103,7 +103,7 @@ impl<'w> Session<'w> {
     }
 
     /// Keeps `weights` on the device once first used, for every later run of this session.
-    pub fn keep<W: Elem>(&mut self, weights: &'w [W]) {
+    pub fn keep<W: Element>(&mut self, weights: &'w [W]) {
         self.kept.insert(key_of(bytemuck::cast_slice(weights)));
     }
 
@@ -120,7 +120,7 @@ impl<'w> Session<'w> {
     /// Runs `k`; `out` is uploaded as the output's initial contents (callers poison it), and
     /// holds the result after. Returns the argmax for the LM head (computed on the host from the
     /// read-back logits).
-    pub fn run<W: Elem>(
+    pub fn run<W: Element>(
         &mut self,
         k: &Kernel,
         s: &Shape,

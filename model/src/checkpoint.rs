@@ -4,9 +4,8 @@
 
 use half::{bf16, f16};
 use memmap2::Mmap;
-use moek_kernels::Elem;
+use moek_kernels::Element;
 use moek_kernels::ir::BlockFormat;
-use moek_kernels::ir::quant::Quantized;
 use safetensors::{Dtype, SafeTensors};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -248,7 +247,7 @@ impl Checkpoint {
     /// Tensor `names[0]` (or an alias) of `shape` values, stored in blocks of `Q`: a `u8` tensor
     /// of shape `[..shape without its last, last / 32, block bytes]`, living where `residence`
     /// says.
-    pub fn blocks<Q: Quantized>(
+    pub fn blocks<Q: Element>(
         &self,
         names: &[String],
         shape: &[usize],
@@ -276,7 +275,7 @@ impl Checkpoint {
 
     /// Tensor `names[0]` (in `W`, of `shape`) quantized to blocks of `Q` as it is read, a chunk
     /// at a time, each chunk's mapped pages released once it is quantized (`--quantize`).
-    pub fn quantize<W: Elem, Q: Quantized>(
+    pub fn quantize<W: Element, Q: Element>(
         &self,
         names: &[String],
         shape: &[usize],
@@ -348,7 +347,7 @@ impl Checkpoint {
 
     /// Tensor `names[0]` (or an alias) with `shape`, in the checkpoint's dtype `W`, borrowed from
     /// the map (copied only if the file places it off `W`'s alignment).
-    pub fn tensor<W: Elem>(
+    pub fn tensor<W: Element>(
         &self,
         names: &[String],
         shape: &[usize],
@@ -370,7 +369,7 @@ impl Checkpoint {
     }
 
     /// [`Checkpoint::tensor`], living where `residence` says.
-    pub fn matrix<W: Elem>(
+    pub fn matrix<W: Element>(
         &self,
         names: &[String],
         shape: &[usize],
@@ -407,7 +406,7 @@ impl Checkpoint {
     /// one matrix, in huge pages when `residence` says so. Each part's mapped pages are released
     /// once it is copied, so the gathered matrix is the only copy left resident (per-expert
     /// checkpoint tensors gathered into one bank).
-    pub fn gather<W: Elem>(
+    pub fn gather<W: Element>(
         &self,
         parts: &[(Vec<String>, Vec<usize>)],
         residence: Residence,
@@ -419,7 +418,7 @@ impl Checkpoint {
 
     /// [`Checkpoint::gather`] for parts stored in blocks of `Q` (each part's `shape` in values):
     /// a quantized checkpoint of a family whose banks are per-expert tensors.
-    pub fn gather_blocks<Q: Quantized>(
+    pub fn gather_blocks<Q: Element>(
         &self,
         parts: &[(Vec<String>, Vec<usize>)],
         residence: Residence,
@@ -518,18 +517,18 @@ fn check_shape(name: &str, found: &[usize], expected: &[usize]) -> Result<(), Lo
 }
 
 /// The safetensors dtype of a storage element.
-pub fn dtype_of<W: Elem>() -> Dtype {
+pub fn dtype_of<W: Element>() -> Dtype {
     match W::DTYPE {
         moek_kernels::ir::DType::F16 => Dtype::F16,
         moek_kernels::ir::DType::Bf16 => Dtype::BF16,
         moek_kernels::ir::DType::F32 => Dtype::F32,
-        q => unreachable!("{q} stores blocks, and no `Elem` is one"),
+        q => unreachable!("{q} stores blocks, and no `Element` is one"),
     }
 }
 
 /// The stored shape of a tensor of `shape` values in blocks of `Q`: the last extent cut into
 /// blocks, each its bytes.
-pub fn block_shape<Q: Quantized>(shape: &[usize]) -> Vec<usize> {
+pub fn block_shape<Q: Element>(shape: &[usize]) -> Vec<usize> {
     let (last, rest) = shape.split_last().expect("a matrix has extents");
     let mut out = rest.to_vec();
     out.extend([last / moek_kernels::ir::quant::BLOCK, size_of::<Q>()]);

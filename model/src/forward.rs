@@ -2,15 +2,14 @@
 //! cache, and the record of each kernel dispatch (`--explain` prints them). A family's own
 //! forward lives in its module ([`crate::gemma4`]).
 
-use crate::ops::{Float, to_w};
+use crate::ops::to_w;
 use crate::quantized::Stored;
 use moek_kernels::backend::Uploaded;
 use moek_kernels::dispatch::{self, Backend, Choice, DispatchError};
-use moek_kernels::elem::QuantElem;
 use moek_kernels::ir::Op;
 use moek_kernels::ir::Target;
 use moek_kernels::ir::{Activation, Function};
-use moek_kernels::{Elem, Inputs, Registry, Shape};
+use moek_kernels::{Element, Inputs, Registry, Shape};
 use std::sync::Arc;
 use thiserror::Error;
 
@@ -50,7 +49,7 @@ impl Kernels {
     /// format and block size, the family's activation) at `shape`, before anything changes: a
     /// variant that cannot serve the banks fails here, not inside layer 0 after attention has
     /// written the KV cache.
-    pub(crate) fn check_variant<W: Float>(
+    pub(crate) fn check_variant<W: Element>(
         &self,
         banks: &Stored<'_, W>,
         activation: Activation,
@@ -252,7 +251,7 @@ pub(crate) fn check_tokens(
 
 /// A layer's dense MLP on the normed rows `xn` (`[S, H]`, rounded to `W` for the kernel), its
 /// weights `[gate, up, down]` of width `f`, through dispatch with `activation`.
-pub(crate) fn dense_mlp<W: Float>(
+pub(crate) fn dense_mlp<W: Element>(
     kernels: &Kernels,
     layer: usize,
     xn: &[f32],
@@ -280,7 +279,7 @@ pub(crate) fn dense_mlp<W: Float>(
 /// The LM head on the rows `head` asks for of the final normed hidden states `x` (`[S, H]`):
 /// each row run through dispatch against `emb` (`[V, H]`), rounded to `W` beside a plain
 /// embedding, in f32 beside quantized blocks.
-pub(crate) fn head_rows<W: Float>(
+pub(crate) fn head_rows<W: Element>(
     kernels: &Kernels,
     x: &[f32],
     (h, vocab): (usize, usize),
@@ -333,7 +332,7 @@ pub(crate) fn head_rows<W: Float>(
 /// that backend at these sizes runs on the CPU, and the record says so and why; a `requested`
 /// variant never falls back.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn run_traced<W: Elem>(
+pub(crate) fn run_traced<W: Element>(
     kernels: &Kernels,
     layer: usize,
     what: &'static str,
@@ -360,7 +359,7 @@ pub(crate) fn run_traced<W: Elem>(
 
 /// [`run_traced`] for weights in quantized blocks of `Q` (beside f32 activations).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn run_traced_quantized<Q: QuantElem>(
+pub(crate) fn run_traced_quantized<Q: Element>(
     kernels: &Kernels,
     layer: usize,
     what: &'static str,
@@ -389,7 +388,7 @@ pub(crate) fn run_traced_quantized<Q: QuantElem>(
 /// f32) rounded to `W` beside plain banks, as it is beside blocks; no biases. Every family's
 /// MoE block runs its experts through this.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn routed_experts<W: Float>(
+pub(crate) fn routed_experts<W: Element>(
     kernels: &Kernels,
     layer: usize,
     activation: Activation,

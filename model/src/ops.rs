@@ -20,12 +20,8 @@ pub struct Heads {
     pub head_dim: usize,
     pub window: Option<usize>,
 }
-use moek_kernels::Elem;
+use moek_kernels::Element;
 use rayon::prelude::*;
-
-/// A storage dtype the model computes on: a kernel dtype the CPU primitives also take.
-pub trait Float: Elem + moek_cpu::Element {}
-impl<T: Elem + moek_cpu::Element> Float for T {}
 
 /// RMSNorm over each `n`-wide row, in f32, weight applied as is (Gemma-4: no `1 + w`);
 /// `w = None` is the weightless norm.
@@ -48,13 +44,13 @@ pub fn normed(x: &[f32], n: usize, w: &[f32], eps: f32) -> Vec<f32> {
 }
 
 /// Rounds activations to the weight dtype (what a 16-bit checkpoint's model computes on).
-pub fn to_w<W: Elem>(x: &[f32]) -> Vec<W> {
-    x.iter().map(|&v| <W as Elem>::from_f32(v)).collect()
+pub fn to_w<W: Element>(x: &[f32]) -> Vec<W> {
+    x.iter().map(|&v| <W as Element>::from_f32(v)).collect()
 }
 
 /// `y[t, o] = x[t, :] . w[o, :]` for `rows` rows of `x` (`[rows, inp]`, rounded to `W`) and
 /// `w` `[out, inp]`. Output rows are cut across threads; each dot is one f32 sum.
-pub fn linear<W: Float>(x: &[f32], rows: usize, w: &[W], out: usize, inp: usize) -> Vec<f32> {
+pub fn linear<W: Element>(x: &[f32], rows: usize, w: &[W], out: usize, inp: usize) -> Vec<f32> {
     let mut ys = linears(x, rows, &[(w, out)], inp);
     ys.pop().expect("one matrix in, one result out")
 }
@@ -63,7 +59,7 @@ pub fn linear<W: Float>(x: &[f32], rows: usize, w: &[W], out: usize, inp: usize)
 /// is rounded once, and the column blocks of all the matrices are the loop's work units, so the
 /// workers go from one matrix straight to the next without waiting for each other in between
 /// (attention's q, k and v projections).
-pub fn linears<W: Float>(
+pub fn linears<W: Element>(
     x: &[f32],
     rows: usize,
     ws: &[(&[W], usize)],

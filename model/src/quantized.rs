@@ -9,8 +9,8 @@
 
 use crate::checkpoint::{Checkpoint, LoadError, QUANTIZATION_KEY, Residence, block_shape};
 use half::{bf16, f16};
-use moek_kernels::Elem;
-use moek_kernels::ir::quant::{BLOCK, BlockQ4_0, BlockQ8_0, Quantized};
+use moek_kernels::Element;
+use moek_kernels::ir::quant::{BLOCK, BlockQ4_0, BlockQ8_0};
 use moek_kernels::ir::{BlockFormat, DType};
 use rayon::prelude::*;
 use safetensors::Dtype;
@@ -26,7 +26,7 @@ pub enum Stored<'c, W: Clone> {
     Q4_0(Cow<'c, [BlockQ4_0]>),
 }
 
-impl<W: Elem> Stored<'_, W> {
+impl<W: Element> Stored<'_, W> {
     /// Bytes as stored (scales included).
     pub fn bytes(&self) -> usize {
         match self {
@@ -79,7 +79,7 @@ impl<W: Elem> Stored<'_, W> {
 
 /// Expert bank `names` (of `shape` values) from `ck`: its blocks if it is stored quantized,
 /// else the matrix in `W`, quantized to `quantize` as it is read if that is set.
-pub fn read_bank<'c, W: Elem>(
+pub fn read_bank<'c, W: Element>(
     ck: &'c Checkpoint,
     names: &[String],
     shape: &[usize],
@@ -135,7 +135,7 @@ pub fn write_quantized(
     quant: BlockFormat,
     path: &Path,
 ) -> Result<(), LoadError> {
-    fn blocks_of<Q: Quantized>(
+    fn blocks_of<Q: Element>(
         ck: &Checkpoint,
         name: &str,
         dtype: Dtype,
@@ -192,7 +192,7 @@ pub fn write_quantized(
 
 /// `values` (whole blocks) quantized block by block in parallel, into huge pages (the banks are
 /// streamed like any weight).
-pub fn blocks<W: Elem, Q: Quantized>(values: &[W]) -> Vec<Q> {
+pub fn blocks<W: Element, Q: Element>(values: &[W]) -> Vec<Q> {
     assert!(
         values.len().is_multiple_of(BLOCK),
         "{} values are not whole blocks of {BLOCK}",

@@ -84,7 +84,7 @@ fn load_and_run(dir: &Path, cfg: Result<AnyConfig, String>) -> Result<bool, Stri
     }
 }
 
-fn run<W: moek_model::ops::Float>(ck: &Checkpoint, cfg: AnyConfig) -> Result<(), String> {
+fn run<W: moek_kernels::Element>(ck: &Checkpoint, cfg: AnyConfig) -> Result<(), String> {
     let e = |e: &dyn std::fmt::Display| e.to_string();
     let tokens = [1, 2, 3];
     let logits = match cfg {

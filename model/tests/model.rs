@@ -11,7 +11,7 @@ fn model(variant: Option<&str>) -> Model<'static, half::bf16> {
     model_of(variant)
 }
 
-fn model_of<W: moek_model::ops::Float>(variant: Option<&str>) -> Model<'static, W> {
+fn model_of<W: moek_kernels::Element>(variant: Option<&str>) -> Model<'static, W> {
     let cfg = tiny::config();
     let kernels = Kernels::new(Backend::cpu()).with_variant(variant.map(str::to_string));
     Model {

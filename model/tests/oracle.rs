@@ -12,6 +12,7 @@
 //! Greedy tokens must equal the reference's up to the first step whose top-2 margin is 0.05 or
 //! less (after a near-tie the two continuations may legitimately part).
 
+use moek_kernels::Element;
 use moek_kernels::dispatch::Backend;
 use moek_model::checkpoint::Checkpoint;
 use moek_model::forward::{Cache, CausalLm, Head, Trace};
@@ -19,7 +20,6 @@ use moek_model::gemma4::config::Config;
 use moek_model::gemma4::model::Model;
 use moek_model::gemma4::weights;
 use moek_model::generate::{Sampling, generate};
-use moek_model::ops::Float;
 use std::path::PathBuf;
 
 mod common;
@@ -57,7 +57,12 @@ fn rel_l2(got: &[Vec<f32>], want: &[Vec<f32>]) -> f64 {
 
 /// Runs the fixture on `backend` and checks logits and greedy tokens; returns the dispatch records
 /// of the full forward.
-fn check<W: Float>(dir: &std::path::Path, e: &Expected, backend: Backend, tol: f64) -> Vec<Trace> {
+fn check<W: Element>(
+    dir: &std::path::Path,
+    e: &Expected,
+    backend: Backend,
+    tol: f64,
+) -> Vec<Trace> {
     let cfg = Config::load(dir).unwrap();
     let ck = Checkpoint::open(dir).unwrap();
     let weights =

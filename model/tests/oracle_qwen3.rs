@@ -13,11 +13,11 @@
 //! Greedy tokens must equal the reference's up to the first step whose top-2 margin is 0.05 or
 //! less.
 
+use moek_kernels::Element;
 use moek_kernels::dispatch::Backend;
 use moek_model::checkpoint::{Checkpoint, Residence};
 use moek_model::forward::{Cache, CausalLm, Head, Trace};
 use moek_model::generate::{Sampling, generate};
-use moek_model::ops::Float;
 use moek_model::qwen3::config::Config;
 use moek_model::qwen3::model::Model;
 use moek_model::qwen3::weights;
@@ -41,7 +41,7 @@ fn rel_l2(got: &[Vec<f32>], want: &[Vec<f32>]) -> f64 {
 
 /// Runs the fixture on `backend`: logits against `against` within `tol`, greedy tokens, and
 /// the MoE through dispatch on the backend (or a visible fallback). Returns the forward's records.
-fn check<W: Float>(name: &str, backend: Backend, against: &str, tol: f64) -> Vec<Trace> {
+fn check<W: Element>(name: &str, backend: Backend, against: &str, tol: f64) -> Vec<Trace> {
     let (dir, e) = fixture(name);
     let cfg = Config::load(&dir).unwrap();
     let ck = Checkpoint::open(&dir).unwrap();

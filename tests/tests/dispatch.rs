@@ -9,7 +9,7 @@ use moek_kernels::{Registry, Shape, specs};
 use moek_kernels::geometry::{DECODE, PREFILL};
 
 /// Dispatches `case` on the CPU backend over the built-in specs.
-fn run_on_cpu<W: moek_kernels::Elem>(
+fn run_on_cpu<W: moek_kernels::Element>(
     case: &Case<W>,
     out: &mut [f32],
     requested: Option<&str>,

@@ -5,7 +5,7 @@
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use moek_cpu::Weight;
-use moek_ir::quant::{BlockQ4, BlockQ8, Quantized, quantize};
+use moek_ir::quant::{BlockQ4, BlockQ8, quantize};
 use std::hint::black_box;
 
 const H: usize = 2816;
@@ -17,7 +17,7 @@ fn values(n: usize) -> Vec<f32> {
         .collect()
 }
 
-fn rows<Q: Quantized + Weight>(c: &mut Criterion, name: &str) {
+fn rows<Q: Weight>(c: &mut Criterion, name: &str) {
     let mat: Vec<Q> = quantize(&values(ROWS * H));
     let x = values(H);
     let segs: Vec<(usize, usize)> = (0..4).map(|i| (i * 704, (i + 1) * 704)).collect();

@@ -6,8 +6,9 @@
 //! only the arithmetic. Widening: bf16 by a 16-bit shift, f16 by F16C's `vcvtph2ps`, exact both.
 //! Sums follow the same plan as the AVX-512 level at half its width (docs/numerics.md).
 
-use crate::element::{Element, Kind, kind};
+use crate::element::{Kind, kind};
 use crate::quant::QuantizedActivation;
+use moek_ir::Element;
 use std::arch::x86_64::*;
 
 /// f32 lanes per vector.

@@ -4,8 +4,9 @@
 //! Summation order is fixed by the code (lanes, then a fixed tree), so a result depends only on
 //! the inputs and the ISA in use, never on threads or timing.
 
-use crate::element::{Element, Kind, bits16, kind};
+use crate::element::{Kind, bits16, kind};
 use crate::isa::{Isa, isa};
+use moek_ir::Element;
 
 /// `sum_i a[i] * b[i]` in f32. Panics when the lengths differ.
 pub fn dot<W: Element>(a: &[W], b: &[W]) -> f32 {

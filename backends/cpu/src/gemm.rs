@@ -11,8 +11,9 @@
 //! tests bound every path against an f64 sum).
 
 use crate::dot::{dot_rows, dotn_segments};
-use crate::element::{Element, Kind, bits16, kind};
+use crate::element::{Kind, bits16, kind};
 use crate::isa::{Isa, isa};
+use moek_ir::Element;
 
 /// Rows of `b` per step of the dot-product path.
 pub const TILE: usize = 4;

@@ -26,9 +26,9 @@ pub mod skeleton;
 pub use activation::{gelu_tanh, silu, softcap, softcap_slice, swiglu_clamped};
 pub use axpy::axpy;
 pub use dot::{dot, dot_f32_w, dot4};
-pub use element::Element;
 pub use gemm::gemm_nt;
 pub use isa::{Isa, isa};
+pub use moek_ir::Element;
 pub use pool::on_pool;
 pub use quant::{QuantizedActivation, Weight};
 pub use schedule::{

@@ -15,9 +15,9 @@
 //! The activation's rounding is the only rounding beyond f32 sums: each value moves by at most
 //! half a step, `amax / 254` of its block (docs/numerics.md).
 
-use crate::element::Element;
 use crate::isa::{Isa, isa};
-use moek_ir::quant::{BlockQ4, BlockQ8, GROUP, Packed, Quantized};
+use moek_ir::Element;
+use moek_ir::quant::{BlockQ4, BlockQ8, GROUP};
 use std::cell::RefCell;
 use std::ops::Range;
 
@@ -82,9 +82,9 @@ fn round_small(v: f32) -> f32 {
     (v + MAGIC) - MAGIC
 }
 
-/// A stored weight element the generated products read: a plain element (one value) or a
-/// quantized block ([`Packed::VALUES`] values).
-pub trait Weight: Packed + Copy + Send + Sync + 'static {
+/// The products of a stored element ([`Element`]: a plain value, or a quantized block of
+/// [`Element::VALUES`] values) the generated CPU variants read.
+pub trait Weight: Element {
     /// `out[j - rows.start] = sum over segs (in order) of x[seg] . mat[j*ld + seg]` for `j` in
     /// `rows`; `ld` and the segments count values.
     fn matvec_segments<A: Element>(
@@ -95,9 +95,6 @@ pub trait Weight: Packed + Copy + Send + Sync + 'static {
         segs: &[(usize, usize)],
         out: &mut [f32],
     );
-
-    /// Value `i` of a stored tensor, exactly (read where a value is added as a number: biases).
-    fn value(w: &[Self], i: usize) -> f32;
 }
 
 /// The plain elements: [`crate::dot::dot_rows`].
@@ -115,71 +112,59 @@ macro_rules! plain_weight {
                 let start = rows.start;
                 crate::dot::dot_rows(x, mat, ld, rows, segs, |j, v| out[j - start] = v);
             }
-
-            fn value(w: &[$ty], i: usize) -> f32 {
-                w[i].to_f32()
-            }
         }
     )*};
 }
 
 plain_weight!(half::f16, half::bf16, f32);
 
-/// A quantized block format with its row products on each level.
-pub trait QuantBlock: Quantized + Copy + Send + Sync + 'static {
-    /// `sum_g scale(block of g) * x.scales[g] * (w[g] . xq[g])` over the groups `groups` of
-    /// `row`, in order, in plain integer loops.
-    fn dot_portable(row: &[Self], x: &QuantizedActivation, groups: Range<usize>) -> f32 {
-        let mut sum = 0f32;
-        for g in groups {
-            let b = &row[g / Self::GROUPS];
-            let q = &x.values[g * GROUP..(g + 1) * GROUP];
-            let dot: i32 = q
-                .iter()
-                .enumerate()
-                .map(|(i, &v)| b.step(g % Self::GROUPS, i) * i32::from(v))
-                .sum();
-            sum += b.scale() * x.scales[g] * dot as f32;
-        }
-        sum
-    }
+/// The row products of one block type: an integer dot of a row's groups with a quantized
+/// activation, portable and on AVX2, which [`rows_q`] picks between by level.
+/// A row's dot over segments (in values) with a quantized activation, prefetching `ahead`.
+#[cfg(target_arch = "x86_64")]
+pub type SegmentDots<Q> = unsafe fn(&[Q], &QuantizedActivation, &[(usize, usize)], usize) -> f32;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Dots<Q> {
+    /// `sum_g scale(block of g) * x.scales[g] * (w[g] . xq[g])` over the groups `groups`, in
+    /// order, in plain integer loops.
+    pub portable: fn(&[Q], &QuantizedActivation, Range<usize>) -> f32,
     /// On AVX2, `sum over segs (in order) of row[seg] . x[seg]`, the segments in groups, each
     /// reduced to one number (8 lanes by a fixed tree) before it is added; prefetches `ahead`
-    /// bytes on.
+    /// bytes on. Unsafe: the level must be checked.
     #[cfg(target_arch = "x86_64")]
-    fn dot_avx2(
-        row: &[Self],
-        x: &QuantizedActivation,
-        segs: &[(usize, usize)],
-        ahead: usize,
-    ) -> f32;
+    pub avx2: SegmentDots<Q>,
 }
 
-impl<const G: usize> QuantBlock for BlockQ8<G> {
-    #[cfg(target_arch = "x86_64")]
-    fn dot_avx2(
-        row: &[Self],
-        x: &QuantizedActivation,
-        segs: &[(usize, usize)],
-        ahead: usize,
-    ) -> f32 {
-        // SAFETY: `rows_q` checked the level; the kernel asserts the lengths.
-        unsafe { crate::avx2::dot_q8(row, x, segs, ahead) }
-    }
+/// The portable group dots of a block type with inherent `scale` and `step`.
+macro_rules! dots {
+    ($name:ident, $ty:ident, $avx2:path) => {
+        /// The row products of this block type at `G` groups a block.
+        pub fn $name<const G: usize>() -> Dots<$ty<G>> {
+            Dots {
+                portable: |row, x, groups| {
+                    let mut sum = 0f32;
+                    for g in groups {
+                        let b = &row[g / G];
+                        let q = &x.values[g * GROUP..(g + 1) * GROUP];
+                        let dot: i32 = q
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &v)| b.step(g % G, i) * i32::from(v))
+                            .sum();
+                        sum += b.scale() * x.scales[g] * dot as f32;
+                    }
+                    sum
+                },
+                #[cfg(target_arch = "x86_64")]
+                avx2: $avx2,
+            }
+        }
+    };
 }
 
-impl<const G: usize> QuantBlock for BlockQ4<G> {
-    #[cfg(target_arch = "x86_64")]
-    fn dot_avx2(
-        row: &[Self],
-        x: &QuantizedActivation,
-        segs: &[(usize, usize)],
-        ahead: usize,
-    ) -> f32 {
-        // SAFETY: as for Q8.
-        unsafe { crate::avx2::dot_q4(row, x, segs, ahead) }
-    }
-}
+dots!(dots_q8, BlockQ8, crate::avx2::dot_q8);
+dots!(dots_q4, BlockQ4, crate::avx2::dot_q4);
 
 thread_local! {
     /// Each thread's quantized activation, reused from one product to the next.
@@ -188,7 +173,7 @@ thread_local! {
 
 /// The quantized blocks: the activation quantized per product, then [`rows_q`].
 macro_rules! quantized_weight {
-    ($($ty:ident),*) => {$(
+    ($($ty:ident: $dots:ident),*) => {$(
         impl<const G: usize> Weight for $ty<G> {
             fn matvec_segments<A: Element>(
                 x: &[A],
@@ -200,28 +185,24 @@ macro_rules! quantized_weight {
             ) {
                 ACTIVATION.with_borrow_mut(|xq| {
                     xq.quantize(x);
-                    rows_q(xq, mat, ld, rows, segs, out);
+                    rows_q(xq, mat, ld, rows, segs, out, $dots());
                 });
-            }
-
-            fn value(w: &[$ty<G>], i: usize) -> f32 {
-                let (b, k) = (&w[i / Self::VALUES], i % Self::VALUES);
-                b.scale() * b.step(k / GROUP, k % GROUP) as f32
             }
         }
     )*};
 }
 
-quantized_weight!(BlockQ8, BlockQ4);
+quantized_weight!(BlockQ8: dots_q8, BlockQ4: dots_q4);
 
 /// [`Weight::matvec_segments`] for quantized rows and an activation already quantized.
-pub fn rows_q<Q: QuantBlock>(
+pub fn rows_q<Q: Element>(
     x: &QuantizedActivation,
     mat: &[Q],
     ld: usize,
     rows: Range<usize>,
     segs: &[(usize, usize)],
     out: &mut [f32],
+    dots: Dots<Q>,
 ) {
     assert_eq!(out.len(), rows.len(), "matvec output length");
     let k = x.values.len();
@@ -251,10 +232,13 @@ pub fn rows_q<Q: QuantBlock>(
         let row = &mat[j * ldb..j * ldb + kb];
         *o = match level {
             #[cfg(target_arch = "x86_64")]
-            Isa::Amx | Isa::Avx512Bf16 | Isa::Avx2 => Q::dot_avx2(row, x, &groups, ahead),
+            Isa::Amx | Isa::Avx512Bf16 | Isa::Avx2 => {
+                // SAFETY: the level is checked; the kernel asserts the lengths.
+                unsafe { (dots.avx2)(row, x, &groups, ahead) }
+            }
             _ => groups
                 .iter()
-                .fold(0f32, |sum, &(s, e)| sum + Q::dot_portable(row, x, s..e)),
+                .fold(0f32, |sum, &(s, e)| sum + (dots.portable)(row, x, s..e)),
         };
     }
 }
@@ -278,7 +262,7 @@ mod tests {
 
     /// Against f64 sums of the dequantized weights and activations: the integer path computes
     /// those exactly up to f32 sums of the block products.
-    fn matches_dequantized<Q: QuantBlock>() {
+    fn matches_dequantized<Q: Element>(dots: Dots<Q>) {
         // 19 blocks in segments of 3 and 16 (the second starting on an odd block): the AVX2
         // Q4 kernel's pairs of groups, its 8-group steps and (for one-group blocks) its last
         // odd group; pairs and steps span blocks of several groups.
@@ -297,7 +281,7 @@ mod tests {
         let wd = dequantize(&w);
         let segs = [(0, 3 * block), (3 * block, k)];
         let mut got = vec![0f32; rows];
-        rows_q(&xq, &w, k, 0..rows, &segs, &mut got);
+        rows_q(&xq, &w, k, 0..rows, &segs, &mut got, dots);
         for (j, g) in got.iter().enumerate() {
             let want: f64 = (0..k).map(|i| f64::from(wd[j * k + i]) * xd[i]).sum();
             assert!(
@@ -310,20 +294,20 @@ mod tests {
 
     #[test]
     fn q8_0_rows_match_the_dequantized_sums() {
-        matches_dequantized::<BlockQ8<1>>();
+        matches_dequantized(dots_q8::<1>());
     }
 
     #[test]
     fn q4_0_rows_match_the_dequantized_sums() {
-        matches_dequantized::<BlockQ4<1>>();
+        matches_dequantized(dots_q4::<1>());
     }
 
     #[test]
     fn rows_of_larger_blocks_match_the_dequantized_sums() {
-        matches_dequantized::<BlockQ8<2>>();
-        matches_dequantized::<BlockQ8<8>>();
-        matches_dequantized::<BlockQ4<2>>();
-        matches_dequantized::<BlockQ4<8>>();
+        matches_dequantized(dots_q8::<2>());
+        matches_dequantized(dots_q8::<8>());
+        matches_dequantized(dots_q4::<2>());
+        matches_dequantized(dots_q4::<8>());
     }
 
     #[test]

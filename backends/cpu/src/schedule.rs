@@ -1,9 +1,8 @@
 //! The small vocabulary generated code uses to follow a schedule: grids of work units, blocks
 //! clipped to a unit's range, disjoint output writes, routes grouped by expert.
 
-use crate::element::Element;
 use crate::quant::Weight;
-use moek_ir::quant::Packed;
+use moek_ir::Element;
 use std::ops::Range;
 
 /// The `i`-th of `parts` near-equal parts of `0..size` (exact when `parts` divides `size`).
@@ -132,7 +131,7 @@ pub fn matvec_segments<A: Element, W: Weight>(
 
 /// Values `range` of a weight tensor stored as `W`: the elements themselves, or the blocks that
 /// hold them (the range must fall on block boundaries).
-pub fn values<W: Packed>(w: &[W], range: Range<usize>) -> &[W] {
+pub fn values<W: Element>(w: &[W], range: Range<usize>) -> &[W] {
     let n = W::VALUES;
     assert!(
         range.start.is_multiple_of(n) && range.end.is_multiple_of(n),

@@ -15,7 +15,7 @@ fn vals<W: Element>(v: &[f32]) -> Vec<W> {
 
 fn exact<A: Element, B: Element>(a: &[A], b: &[B]) -> (f64, f64) {
     a.iter().zip(b).fold((0.0, 0.0), |(s, m), (x, y)| {
-        let p = x.to_f64() * y.to_f64();
+        let p = f64::from(x.to_f32()) * f64::from(y.to_f32());
         (s + p, m + p.abs())
     })
 }
@@ -27,7 +27,7 @@ fn check<W: Element>(a: &[f32], b: &[f32]) {
     assert!(
         (got - want).abs() <= REL * scale.max(1e-30),
         "{}: dot {got} vs {want}",
-        W::NAME
+        W::DTYPE.name()
     );
     let rows = [&b[..], &a[..], &b[..], &a[..]];
     let four = dot4(&a, rows);
@@ -36,7 +36,7 @@ fn check<W: Element>(a: &[f32], b: &[f32]) {
         assert!(
             (f64::from(g) - w).abs() <= REL * s.max(1e-30),
             "{}: dot4 {g} vs {w}",
-            W::NAME
+            W::DTYPE.name()
         );
     }
     let af: Vec<f32> = a.iter().map(|x| x.to_f32()).collect();
@@ -45,7 +45,7 @@ fn check<W: Element>(a: &[f32], b: &[f32]) {
     assert!(
         (g - w).abs() <= REL * s.max(1e-30),
         "{}: dot_f32_w {g} vs {w}",
-        W::NAME
+        W::DTYPE.name()
     );
 }
 
@@ -72,7 +72,7 @@ fn check_gemm<W: Element>(m: usize, n: usize, k: usize, seed: u64) {
             assert!(
                 (g - w).abs() <= REL * s.max(1.0),
                 "{} gemm ({i},{j}): {g} vs {w}",
-                W::NAME
+                W::DTYPE.name()
             );
         }
         for j in n..ldc {

@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl<W: Elem> Drawn for Case<W> {
+impl<W: Element> Drawn for Case<W> {
     const DTYPE: DType = W::DTYPE;
     const VALUES: usize = 1;
 
@@ -53,7 +53,7 @@ impl<W: Elem> Drawn for Case<W> {
     }
 
     fn versus_cpu(&self, entry: &KernelEntry, out: &[f32]) -> Option<Deviation> {
-        let f = W::cpu_fn(&entry.cpu)?;
+        let f = entry.cpu.get::<W, W>()?;
         let mut cpu = vec![f32::NAN; out.len()];
         f(&self.shape, &self.inputs(), &mut cpu);
         let want: Vec<f64> = cpu.iter().map(|&v| f64::from(v)).collect();
@@ -84,7 +84,7 @@ pub struct Case<W> {
     pub optional: Optionals,
 }
 
-impl<W: Elem> Case<W> {
+impl<W: Element> Case<W> {
     /// Draws weights from `seed` (and activations and routes, see [`Case::reseed`]): each of the
     /// op's weight tensors uniform in +-1/sqrt(its row length), except the LM head's embedding,
     /// uniform in +-1 so that logits reach the softcap.

@@ -7,7 +7,7 @@ use super::*;
 ///
 /// With the `cpu` feature the buffer lives in huge pages (`moek_cpu::memory`): benches stream
 /// these as weights, and 4 KiB pages would halve the bandwidth they measure.
-pub fn uniform<W: Elem>(len: usize, seed: u64, scale: f32) -> Vec<W> {
+pub fn uniform<W: Element>(len: usize, seed: u64, scale: f32) -> Vec<W> {
     #[cfg(feature = "cpu")]
     let mut v = moek_cpu::memory::huge_vec(len);
     #[cfg(not(feature = "cpu"))]
@@ -22,7 +22,7 @@ pub fn uniform<W: Elem>(len: usize, seed: u64, scale: f32) -> Vec<W> {
 
 /// [`uniform`]'s values in `W`, quantized to blocks of `Q` as they are drawn (never all held
 /// in `W`): the blocks [`moek_ir::quant::quantize`] makes of `uniform::<W>(len, seed, scale)`.
-pub fn uniform_blocks<W: Elem, Q: QuantElem>(len: usize, seed: u64, scale: f32) -> Vec<Q> {
+pub fn uniform_blocks<W: Element, Q: Element>(len: usize, seed: u64, scale: f32) -> Vec<Q> {
     assert!(
         len.is_multiple_of(Q::VALUES),
         "{len} values are not whole blocks of {}",

@@ -19,7 +19,7 @@ pub struct QuantCase<Q> {
     pub format_error: Deviation,
 }
 
-impl<Q: QuantElem> QuantCase<Q> {
+impl<Q: Element> QuantCase<Q> {
     pub fn new(op: Op, s: Shape, seed: u64) -> Self {
         let drawn = Case::<bf16>::new(op, s, seed);
         // The weights every spec of the op reads: quantized specs have no optional tensors.
@@ -102,7 +102,7 @@ impl<Q: QuantElem> QuantCase<Q> {
     }
 
     /// Runs `entry`'s variant for blocks of `Q` beside activations `x` (validated first).
-    fn run_beside<A: QuantAct>(
+    fn run_beside<A: Element>(
         &self,
         on: &crate::Backend,
         entry: &KernelEntry,
@@ -110,13 +110,13 @@ impl<Q: QuantElem> QuantCase<Q> {
         out: &mut [f32],
     ) -> Result<Ran, String> {
         let inputs = self.inputs(x);
-        let dtype = crate::elem::quantized_dtype::<Q, A>();
+        let dtype = moek_ir::element::quantized_dtype::<Q, A>();
         run_checked(on, entry, self.shape(), AnyInputs::new(&inputs, dtype), out)
     }
 }
 
-impl<Q: QuantElem> Drawn for QuantCase<Q> {
-    const DTYPE: DType = crate::elem::quantized_dtype::<Q, f32>();
+impl<Q: Element> Drawn for QuantCase<Q> {
+    const DTYPE: DType = moek_ir::element::quantized_dtype::<Q, f32>();
     const VALUES: usize = Q::VALUES;
 
     fn draw(op: Op, s: Shape, seed: u64) -> Self {

@@ -5,10 +5,11 @@ use super::config::{Attention, Moe};
 use super::model::Model;
 use super::weights::{DecoderLayer, MoeBlock};
 use crate::forward::{LayerCache, ModelError, Trace, dense_mlp, routed_experts};
-use crate::ops::{self, Float, linear, normed, rms_norm};
+use crate::ops::{self, linear, normed, rms_norm};
+use moek_kernels::Element;
 use moek_kernels::ir::Activation;
 
-impl<W: Float> Model<'_, W> {
+impl<W: Element> Model<'_, W> {
     /// One decoder layer (docs/gemma4.md); `x` is `[S, H]`.
     pub(super) fn layer(
         &self,

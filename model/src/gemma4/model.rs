@@ -9,14 +9,14 @@ use super::weights::Weights;
 use crate::forward::{
     Cache, CausalLm, Head, Kernels, LayerCache, ModelError, Trace, check_tokens, head_rows, step,
 };
-use crate::ops::{Float, rms_norm};
+use crate::ops::rms_norm;
 use moek_kernels::ir::Activation;
-use moek_kernels::{Elem, Shape};
+use moek_kernels::{Element, Shape};
 
 /// A model ready to run: config, weights and where its kernels run. It is `Sync`: several
 /// generations can share one loaded model from threads, each with its own [`Cache`].
 #[derive(Debug)]
-pub struct Model<'c, W: Float> {
+pub struct Model<'c, W: Element> {
     pub cfg: Config,
     pub weights: Weights<'c, W>,
     /// Where the kernels run, from which specs, and a forced MoE variant; [`Model::new`] has the
@@ -24,7 +24,7 @@ pub struct Model<'c, W: Float> {
     pub kernels: Kernels,
 }
 
-impl<'c, W: Float> Model<'c, W> {
+impl<'c, W: Element> Model<'c, W> {
     /// A model whose device backend keeps its weights resident: each is uploaded on first use
     /// and read from the device by every later step. (The weights are read-only and live as
     /// long as the model, which is what [`Backend::with_resident_weights`] asks.)
@@ -39,7 +39,7 @@ impl<'c, W: Float> Model<'c, W> {
     }
 }
 
-impl<W: Float> CausalLm for Model<'_, W> {
+impl<W: Element> CausalLm for Model<'_, W> {
     fn context(&self) -> usize {
         self.cfg.max_position_embeddings
     }
@@ -73,7 +73,7 @@ impl<W: Float> CausalLm for Model<'_, W> {
     }
 }
 
-impl<W: Float> Model<'_, W> {
+impl<W: Element> Model<'_, W> {
     fn forward_on_pool(
         &self,
         tokens: &[u32],
@@ -129,6 +129,6 @@ impl<W: Float> Model<'_, W> {
 }
 
 /// `v` rounded to the storage dtype and back.
-pub(super) fn round<W: Float>(v: f32) -> f32 {
-    Elem::to_f32(<W as Elem>::from_f32(v))
+pub(super) fn round<W: Element>(v: f32) -> f32 {
+    Element::to_f32(<W as Element>::from_f32(v))
 }

@@ -6,7 +6,7 @@ use crate::checkpoint::LoadError;
 use crate::gemma4::config::{Attention, Config, Layer, Moe, Rope};
 use crate::gemma4::weights::{Source, Weights, build};
 use crate::quantized::Stored;
-use moek_kernels::Elem;
+use moek_kernels::Element;
 use moek_kernels::ir::BlockFormat;
 use moek_kernels::testing::{uniform, uniform_blocks};
 use std::borrow::Cow;
@@ -55,7 +55,7 @@ pub fn config() -> Config {
 
 /// Weights for any `cfg` in `W`, drawn from fixed seeds (the tiny model's, and the real-geometry
 /// layers `moek bench --geometry 26b-a4b` builds in memory).
-pub fn weights<W: Elem>(cfg: &Config) -> Weights<'static, W> {
+pub fn weights<W: Element>(cfg: &Config) -> Weights<'static, W> {
     build(&mut Draw::default(), cfg, |_| {}).expect("drawing weights cannot fail")
 }
 
@@ -96,7 +96,7 @@ impl Draw {
     }
 }
 
-impl<W: Elem> Source<'static, W> for Draw {
+impl<W: Element> Source<'static, W> for Draw {
     fn matrix(
         &mut self,
         names: &[String],

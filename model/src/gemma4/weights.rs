@@ -10,7 +10,7 @@ use crate::checkpoint::{
 };
 use crate::gemma4::config::{Config, Moe};
 use crate::quantized::Stored;
-use moek_kernels::Elem;
+use moek_kernels::Element;
 use moek_kernels::ir::BlockFormat;
 use moek_kernels::ir::DType;
 use moek_kernels::ir::quant::{BlockQ4_0, BlockQ8_0};
@@ -92,7 +92,7 @@ pub struct Weights<'c, W: Clone> {
     pub layers: Vec<DecoderLayer<'c, W>>,
 }
 
-impl<W: Elem> Weights<'_, W> {
+impl<W: Element> Weights<'_, W> {
     /// The LM head matrix `[V, H]`.
     pub fn head(&self) -> &Stored<'_, W> {
         self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
@@ -237,7 +237,7 @@ pub struct FromCheckpoint<'c> {
     pub quantize: Option<BlockFormat>,
 }
 
-impl<'c, W: Elem> Source<'c, W> for FromCheckpoint<'c> {
+impl<'c, W: Element> Source<'c, W> for FromCheckpoint<'c> {
     fn matrix(&mut self, names: &[String], shape: &[usize]) -> Result<Cow<'c, [W]>, LoadError> {
         self.checkpoint.matrix::<W>(names, shape, self.residence)
     }
@@ -254,7 +254,7 @@ impl<'c, W: Elem> Source<'c, W> for FromCheckpoint<'c> {
 
 /// Loads every weight `cfg` needs from `ck` ([`build`] over [`FromCheckpoint`]), expert banks
 /// as stored.
-pub fn load<'c, W: Elem>(
+pub fn load<'c, W: Element>(
     ck: &'c Checkpoint,
     cfg: &Config,
     residence: Residence,
@@ -264,7 +264,7 @@ pub fn load<'c, W: Elem>(
 }
 
 /// [`load`], plain expert banks quantized to `quantize` as they are read (`--quantize`).
-pub fn load_quantized<'c, W: Elem>(
+pub fn load_quantized<'c, W: Element>(
     ck: &'c Checkpoint,
     cfg: &Config,
     residence: Residence,
@@ -293,7 +293,7 @@ enum Data<W> {
     Blocks(Vec<u8>, DType),
 }
 
-impl<'c, W: Elem, S: Source<'c, W>> Source<'c, W> for Recorder<S, W> {
+impl<'c, W: Element, S: Source<'c, W>> Source<'c, W> for Recorder<S, W> {
     fn matrix(&mut self, names: &[String], shape: &[usize]) -> Result<Cow<'c, [W]>, LoadError> {
         let m = self.inner.matrix(names, shape)?.into_owned();
         self.tensors
@@ -331,7 +331,7 @@ impl<'c, W: Elem, S: Source<'c, W>> Source<'c, W> for Recorder<S, W> {
 /// quantized expert banks as `u8` blocks with their format in the metadata). The model bench
 /// writes its random weights with it to time decode from a real file; `moek quantize` writes
 /// quantized checkpoints with it.
-pub fn save<'c, W: Elem>(
+pub fn save<'c, W: Element>(
     src: impl Source<'c, W>,
     cfg: &Config,
     path: &Path,

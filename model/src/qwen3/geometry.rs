@@ -6,7 +6,7 @@ use super::config::{Config, Mlp, Moe};
 use super::weights::{DecoderLayer, Feedforward, SelfAttn, SparseMoe, Weights};
 use crate::ops::Rope;
 use crate::quantized::Stored;
-use moek_kernels::Elem;
+use moek_kernels::Element;
 use moek_kernels::testing::uniform;
 use std::borrow::Cow;
 
@@ -39,7 +39,7 @@ pub fn qwen3_30b_a3b(layers: usize) -> Config {
 }
 
 /// Random weights for `cfg` (routed layers only: the bench geometry has no dense ones).
-pub fn weights<W: Elem>(cfg: &Config) -> Weights<'static, W> {
+pub fn weights<W: Element>(cfg: &Config) -> Weights<'static, W> {
     let mut seed = 0x5157_454e_u64;
     let mut matrix = |rows: usize, cols: usize| {
         seed += 1;

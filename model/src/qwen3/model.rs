@@ -9,20 +9,20 @@ use crate::forward::{
     Cache, CausalLm, Head, Kernels, LayerCache, ModelError, Trace, check_tokens, dense_mlp,
     head_rows, routed_experts, step,
 };
-use crate::ops::{self, Float, linear, normed, rms_norm};
+use crate::ops::{self, linear, normed, rms_norm};
 use moek_kernels::ir::Activation;
-use moek_kernels::{Elem, Shape};
+use moek_kernels::{Element, Shape};
 
 /// A Qwen3-MoE model ready to run (see [`crate::gemma4::model::Model`]: the same contract).
 #[derive(Debug)]
-pub struct Model<'c, W: Float> {
+pub struct Model<'c, W: Element> {
     pub cfg: Config,
     pub weights: Weights<'c, W>,
     /// Where the kernels run, from which specs, and a forced MoE variant.
     pub kernels: Kernels,
 }
 
-impl<'c, W: Float> Model<'c, W> {
+impl<'c, W: Element> Model<'c, W> {
     /// A model whose device backend keeps its weights resident (as Gemma-4's).
     pub fn new(cfg: Config, weights: Weights<'c, W>, kernels: impl Into<Kernels>) -> Self {
         let mut kernels = kernels.into();
@@ -39,7 +39,7 @@ impl<'c, W: Float> Model<'c, W> {
     }
 }
 
-impl<W: Float> CausalLm for Model<'_, W> {
+impl<W: Element> CausalLm for Model<'_, W> {
     fn context(&self) -> usize {
         self.cfg.max_position_embeddings
     }
@@ -64,7 +64,7 @@ impl<W: Float> CausalLm for Model<'_, W> {
     }
 }
 
-impl<W: Float> Model<'_, W> {
+impl<W: Element> Model<'_, W> {
     fn forward_on_pool(
         &self,
         tokens: &[u32],
@@ -88,7 +88,7 @@ impl<W: Float> Model<'_, W> {
         let mut x: Vec<f32> = tokens
             .iter()
             .flat_map(|&t| self.weights.embed_tokens[t as usize * h..(t as usize + 1) * h].iter())
-            .map(|&e| Elem::to_f32(e))
+            .map(|&e| Element::to_f32(e))
             .collect();
         if cache.layers.is_empty() {
             cache.layers = vec![LayerCache::default(); cfg.layers.len()];
@@ -167,7 +167,7 @@ impl<W: Float> Model<'_, W> {
             for &e in top {
                 idx.push(e as u32);
                 // The routing weight in the model's dtype, as transformers casts it.
-                weights.push(Elem::to_f32(<W as Elem>::from_f32(p[e] / sum)));
+                weights.push(Element::to_f32(<W as Element>::from_f32(p[e] / sum)));
             }
         }
         let mut out = vec![0f32; s * hd];

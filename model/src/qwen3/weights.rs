@@ -7,7 +7,7 @@
 use super::config::{Config, Mlp as Kind};
 use crate::checkpoint::{Checkpoint, LoadError, Residence};
 use crate::quantized::{Stored, read_bank};
-use moek_kernels::Elem;
+use moek_kernels::Element;
 use moek_kernels::ir::BlockFormat;
 use std::borrow::Cow;
 
@@ -68,7 +68,7 @@ pub struct Weights<'c, W: Clone> {
     pub layers: Vec<DecoderLayer<'c, W>>,
 }
 
-impl<W: Elem> Weights<'_, W> {
+impl<W: Element> Weights<'_, W> {
     /// The LM head matrix `[V, H]`.
     pub fn head(&self) -> Stored<'_, W> {
         match &self.lm_head {
@@ -104,7 +104,7 @@ fn key(s: &str) -> Vec<String> {
 
 /// Loads every weight `cfg` needs from `ck`, checking names, shapes and dtypes; `progress` is
 /// called after each layer.
-pub fn load<'c, W: Elem>(
+pub fn load<'c, W: Element>(
     ck: &'c Checkpoint,
     cfg: &Config,
     residence: Residence,
@@ -122,7 +122,7 @@ pub fn quantized_tensor(name: &str) -> bool {
 /// [`load`], the gathered expert banks and an untied LM head quantized to `quantize` as they
 /// are read (`--quantize`); a checkpoint `moek quantize` wrote holds each expert's matrices in
 /// blocks already, and they are gathered as they are.
-pub fn load_quantized<'c, W: Elem>(
+pub fn load_quantized<'c, W: Element>(
     ck: &'c Checkpoint,
     cfg: &Config,
     residence: Residence,

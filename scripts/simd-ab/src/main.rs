@@ -263,7 +263,7 @@ fn gemm_rows<T: Half>(m: usize, n: usize, k: usize) {
             Box::new(|c| f32_gemm(&a_wide, &b_wide, c)),
         ),
     ];
-    if T::NAME == "f16" {
+    if T::DTYPE.name() == "f16" {
         // gemm-f16 writes f16: dst := lhs . rhs, then added into c (an m x n widening).
         variants.push((
             "gemm f16 (gemm-f16)".into(),
@@ -280,7 +280,7 @@ fn gemm_rows<T: Half>(m: usize, n: usize, k: usize) {
     let shape = format!("m={m} n={n} k={k}");
     print_rows(
         "gemm_nt",
-        T::NAME,
+        T::DTYPE.name(),
         &shape,
         "GFLOP/s",
         2.0 * (m * n * k) as f64,
@@ -332,7 +332,7 @@ fn matvec_rows<T: Half>(rows: usize, k: usize) {
     let shape = format!("{rows} x {k} ({:.1} MB)", bytes / 1e6);
     print_rows(
         "dot_rows",
-        T::NAME,
+        T::DTYPE.name(),
         &shape,
         "GB/s",
         bytes,

@@ -140,7 +140,7 @@ fn down_phase<W: Weight>(
                         v += y[(p * t_n * r_n + slot) * h_n + i];
                     }
                     if let Some(b) = bias {
-                        v += W::value(b, e * h_n + i);
+                        v += W::value_at(b, e * h_n + i);
                     }
                     *o += w * v;
                 }
@@ -252,7 +252,7 @@ fn route_owned_with<W: Weight, A: Element>(
                         matvec_segments(&a, dn, f_n, c0..c1, &f_blocks, yv);
                         if let Some(b) = bias.down {
                             for (i, y) in (c0..c1).zip(yv.iter_mut()) {
-                                *y += W::value(b, e * h_n + i);
+                                *y += W::value_at(b, e * h_n + i);
                             }
                         }
                     }

@@ -105,8 +105,8 @@ fn add_gate_up_bias<W: Weight>(
     u: &mut f32,
 ) {
     if let Some(b) = b {
-        *g += W::value(b, e * 2 * f + j);
-        *u += W::value(b, e * 2 * f + f + j);
+        *g += W::value_at(b, e * 2 * f + j);
+        *u += W::value_at(b, e * 2 * f + f + j);
     }
 }
 

@@ -10,7 +10,7 @@ use crate::commands::figures::{SAMPLE_PROBE_BYTES, median};
 use moek_kernels::inputs::AnyInputs;
 use moek_kernels::ir::{DType, Kernel, Op, Selection};
 use moek_kernels::testing::{Case, routes};
-use moek_kernels::{Backend, Elem, Inputs, KernelEntry, QuantAct, QuantElem};
+use moek_kernels::{Backend, Element, Inputs, KernelEntry};
 use std::time::Instant;
 
 /// A timed candidate: its index in the legal list, its times, their ratios to the built-in's
@@ -99,7 +99,7 @@ trait Bench {
     ) -> Result<(), String>;
 }
 
-impl<W: Elem> Bench for Case<W> {
+impl<W: Element> Bench for Case<W> {
     const VALUE_BYTES: f64 = std::mem::size_of::<W>() as f64;
 
     fn draw(p: &Problem) -> Self {
@@ -132,7 +132,7 @@ struct Blocks<Q, A> {
     down: Vec<Q>,
 }
 
-impl<Q: QuantElem, A: QuantAct> Bench for Blocks<Q, A> {
+impl<Q: Element, A: Element> Bench for Blocks<Q, A> {
     const VALUE_BYTES: f64 = std::mem::size_of::<Q>() as f64 / Q::VALUES as f64;
 
     fn draw(p: &Problem) -> Self {
@@ -164,7 +164,7 @@ impl<Q: QuantElem, A: QuantAct> Bench for Blocks<Q, A> {
     ) -> Result<(), String> {
         let c = &self.case;
         let inputs = Inputs::expert_ffn(&c.x, &c.idx, &c.weights, &self.gate_up, &self.down);
-        let dtype = moek_kernels::elem::quantized_dtype::<Q, A>();
+        let dtype = moek_kernels::ir::element::quantized_dtype::<Q, A>();
         let any = AnyInputs::new(&inputs, dtype);
         moek_kernels::backend::run(backend, entry, s, &any, out).map(drop)
     }

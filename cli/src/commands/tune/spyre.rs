@@ -7,12 +7,12 @@ use super::space::{Problem, Schedule};
 use super::{Ranked, Search, Simulated};
 use moek_kernels::backend::Modeled;
 use moek_kernels::ir::{DType, Kernel, Target};
-use moek_kernels::{Elem, KernelEntry, testing};
+use moek_kernels::{Element, KernelEntry, testing};
 use moek_spyre::cost::{DEVICE_BYTES_PER_S, MACS_PER_CORE};
 
 /// The counted cost of `k` on routes drawn from one seed.
 pub fn modeled(k: &Kernel, dtype: DType) -> Result<Modeled, String> {
-    fn of<W: Elem>(k: &Kernel, idx: &[u32]) -> Result<Modeled, String> {
+    fn of<W: Element>(k: &Kernel, idx: &[u32]) -> Result<Modeled, String> {
         moek_kernels::spyre::cost::<W>(k, idx)
             .map(|run| Modeled::of(&run.cost))
             .map_err(|e| e.to_string())
