@@ -249,6 +249,10 @@ pub enum DType {
     /// Weights in Q4_0 blocks, activations in bf16.
     #[serde(rename = "q4_0_bf16")]
     Q4_0Bf16,
+    /// Weights in OCP MXFP4 blocks ([`crate::quant`]), activations in f32.
+    Mxfp4,
+    /// Weights in MXFP4 blocks, activations in bf16.
+    Mxfp4Bf16,
 }
 
 /// A block-quantized weight format ([`crate::quant`]): values in blocks under one f16 scale,
@@ -259,14 +263,25 @@ pub enum DType {
 pub enum BlockFormat {
     Q8_0,
     Q4_0,
+    /// The OCP microscaling FP4 format gpt-oss ships: 32 e2m1 values under one e8m0 scale.
+    Mxfp4,
 }
 
 impl BlockFormat {
-    /// Bytes one block of `block` values takes, its f16 scale included.
+    /// Bytes one block of `block` values takes, its scale included.
     pub const fn block_bytes(self, block: usize) -> usize {
         match self {
             BlockFormat::Q8_0 => 2 + block,
             BlockFormat::Q4_0 => 2 + block / 2,
+            BlockFormat::Mxfp4 => 1 + block / 2,
+        }
+    }
+
+    /// The one block size the format allows, where it fixes one (MXFP4: a scale per 32 values).
+    pub const fn fixed_block(self) -> Option<usize> {
+        match self {
+            BlockFormat::Mxfp4 => Some(crate::quant::GROUP),
+            BlockFormat::Q8_0 | BlockFormat::Q4_0 => None,
         }
     }
 }
@@ -555,8 +570,10 @@ names!(DType {
     Q4_0 => "q4_0",
     Q8_0Bf16 => "q8_0_bf16",
     Q4_0Bf16 => "q4_0_bf16",
+    Mxfp4 => "mxfp4",
+    Mxfp4Bf16 => "mxfp4_bf16",
 });
-names!(BlockFormat { Q8_0 => "q8_0", Q4_0 => "q4_0" });
+names!(BlockFormat { Q8_0 => "q8_0", Q4_0 => "q4_0", Mxfp4 => "mxfp4" });
 names!(Target { Cpu => "cpu", Wgpu => "wgpu", Spyre => "spyre" });
 names!(Capability {
     IndexedSelectionLayout => "indexed_selection_layout",
@@ -663,6 +680,7 @@ impl DType {
         match self {
             DType::Q8_0 | DType::Q8_0Bf16 => Some(BlockFormat::Q8_0),
             DType::Q4_0 | DType::Q4_0Bf16 => Some(BlockFormat::Q4_0),
+            DType::Mxfp4 | DType::Mxfp4Bf16 => Some(BlockFormat::Mxfp4),
             DType::F16 | DType::Bf16 | DType::F32 => None,
         }
     }
@@ -675,11 +693,13 @@ impl DType {
             (BlockFormat::Q4_0, DType::F32) => Some(DType::Q4_0),
             (BlockFormat::Q8_0, DType::Bf16) => Some(DType::Q8_0Bf16),
             (BlockFormat::Q4_0, DType::Bf16) => Some(DType::Q4_0Bf16),
+            (BlockFormat::Mxfp4, DType::F32) => Some(DType::Mxfp4),
+            (BlockFormat::Mxfp4, DType::Bf16) => Some(DType::Mxfp4Bf16),
             _ => None,
         }
     }
 
-    /// Bytes one block of `block` values takes in a quantized dtype (its f16 scale included);
+    /// Bytes one block of `block` values takes in a quantized dtype (its scale included);
     /// `None` for the plain ones.
     pub fn block_bytes(self, block: usize) -> Option<usize> {
         Some(self.blocks()?.block_bytes(block))
@@ -689,8 +709,8 @@ impl DType {
     /// else the dtype itself.
     pub fn activation(self) -> DType {
         match self {
-            DType::Q8_0 | DType::Q4_0 => DType::F32,
-            DType::Q8_0Bf16 | DType::Q4_0Bf16 => DType::Bf16,
+            DType::Q8_0 | DType::Q4_0 | DType::Mxfp4 => DType::F32,
+            DType::Q8_0Bf16 | DType::Q4_0Bf16 | DType::Mxfp4Bf16 => DType::Bf16,
             d => d,
         }
     }

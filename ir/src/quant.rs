@@ -9,6 +9,13 @@
 //!   a nibble in 0..=15; `d = m / -8` with `m` the value of largest magnitude (its sign kept, so
 //!   that value maps to nibble 0 exactly).
 //!
+//! - MXFP4 (the OCP microscaling format gpt-oss ships; 17 bytes a block of 32, 4.25 bits a
+//!   weight): `value = 2^(e - 127) * fp4(q)`, `q` an e2m1 nibble (sign, two exponent bits, one
+//!   mantissa bit: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives) and `e` an e8m0 byte (255 is
+//!   NaN). The format fixes the block at 32 values. Its values are `2^(e - 128)` times the
+//!   integers `2 fp4(q)` (at most 12 in magnitude), so the kernels take the same integer dots
+//!   as Q4_0's through a 16-entry table ([`MXFP4_STEPS`]).
+//!
 //! A block of B values is B / 32 *groups* of 32 after its scale, each group laid out as a whole
 //! llama.cpp block's values are (Q4_0: byte `j` of a group holds value `j` in its low nibble and
 //! `j + 16` in its high): the kernels read a group at a time and quantize activations per group,
@@ -51,6 +58,19 @@ pub struct BlockQ4<const G: usize = 1> {
     pub qs: [[u8; GROUP / 2]; G],
 }
 
+/// One MXFP4 block: an e8m0 scale byte and 32 e2m1 nibbles, laid out as Q4_0's (value `j` in
+/// byte `j`'s low nibble, `j + 16` in its high).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct BlockMxfp4 {
+    pub e: u8,
+    pub qs: [u8; GROUP / 2],
+}
+
+/// Twice the e2m1 value of each nibble: the integers MXFP4 weights are in steps of half their
+/// block's power of two.
+pub const MXFP4_STEPS: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
 /// llama.cpp's Q8_0: one group a block.
 pub type BlockQ8_0 = BlockQ8<1>;
 /// llama.cpp's Q4_0: one group a block.
@@ -80,6 +100,9 @@ unsafe impl<const G: usize> bytemuck::Zeroable for BlockQ8<G> {}
 unsafe impl<const G: usize> bytemuck::Pod for BlockQ8<G> {}
 unsafe impl<const G: usize> bytemuck::Zeroable for BlockQ4<G> {}
 unsafe impl<const G: usize> bytemuck::Pod for BlockQ4<G> {}
+// SAFETY: `repr(C)` over bytes alone (17 of them, alignment 1): no padding, every pattern valid.
+unsafe impl bytemuck::Zeroable for BlockMxfp4 {}
+unsafe impl bytemuck::Pod for BlockMxfp4 {}
 
 impl<const G: usize> BlockQ8<G> {
     /// The block's scale.
@@ -177,6 +200,85 @@ impl<const G: usize> Element for BlockQ4<G> {
             for (j, byte) in group.iter_mut().enumerate() {
                 *byte = q(vs[j]) | (q(vs[j + HALF]) << 4);
             }
+        }
+        b
+    }
+}
+
+impl BlockMxfp4 {
+    /// Value `i`'s nibble.
+    pub fn nibble(&self, i: usize) -> u8 {
+        let byte = self.qs[i % (GROUP / 2)];
+        if i < GROUP / 2 {
+            byte & 0x0f
+        } else {
+            byte >> 4
+        }
+    }
+
+    /// Half the block's power of two, `2^(e - 128)`: the scale of [`MXFP4_STEPS`] (exact in
+    /// f32 for every `e`, subnormal below 2; NaN for `e = 255`). Values times it pass f32's
+    /// range only for `e >= 253` (no trained weight is near 2^125).
+    pub fn scale(&self) -> f32 {
+        match self.e {
+            255 => f32::NAN,
+            0 | 1 => f32::from_bits(0x0020_0000 << self.e),
+            e => f32::from_bits(u32::from(e - 1) << 23),
+        }
+    }
+
+    /// Value `i` in steps of the scale.
+    pub fn step(&self, i: usize) -> i32 {
+        i32::from(MXFP4_STEPS[usize::from(self.nibble(i))])
+    }
+}
+
+impl Element for BlockMxfp4 {
+    const KIND: Kind = Kind::Blocks(BlockFormat::Mxfp4);
+    const VALUES: usize = GROUP;
+
+    fn value(&self, i: usize) -> f32 {
+        self.scale() * self.step(i) as f32
+    }
+
+    /// The OCP conversion: the shared exponent `floor(log2(amax)) - 2` (e2m1's largest
+    /// exponent), then each value to the nearest e2m1 (ties to the even mantissa), clipped to
+    /// +-6.
+    fn quantize(values: &[f32]) -> Self {
+        assert_eq!(values.len(), GROUP, "an MXFP4 block holds {GROUP} values");
+        let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+        // floor(log2(amax)) from the exponent of the value widened to f64 (f32 subnormals are
+        // normal there).
+        let exp = if amax > 0.0 {
+            ((f64::from(amax).to_bits() >> 52) & 0x7ff) as i32 - 1023 - 2
+        } else {
+            -127
+        };
+        let e = (exp + 127).clamp(0, 254) as u8;
+        let mut b = BlockMxfp4 {
+            e,
+            ..Default::default()
+        };
+        // In halves of the power of two, as the steps are; in f64, where 2^(128 - e) is finite.
+        let inv = 2f64.powi(128 - i32::from(e));
+        let q = |v: f32| -> u8 {
+            let x = f64::from(v) * inv;
+            let mut best = 0u8;
+            for n in 0..16u8 {
+                let (d, db) = (
+                    (x - f64::from(MXFP4_STEPS[usize::from(n)])).abs(),
+                    (x - f64::from(MXFP4_STEPS[usize::from(best)])).abs(),
+                );
+                // Nearest; on a tie the even index (even mantissa), and +0 before -0.
+                if d < db || (d == db && n % 2 == 0 && best % 2 == 1) {
+                    best = n;
+                }
+            }
+            best
+        };
+        const HALF: usize = GROUP / 2;
+        for (j, byte) in b.qs.iter_mut().enumerate() {
+            *byte = q(values[j]) | (q(values[j + HALF]) << 4);
         }
         b
     }
@@ -286,6 +388,46 @@ mod tests {
         let mut got = vec![0f32; BLOCK];
         b.dequantize(&mut got);
         assert!((got[5] + 7.5).abs() < 7.5 * 1e-3, "{}", got[5]);
+    }
+
+    /// MXFP4: every representable value (each nibble at a few exponents) comes back exactly,
+    /// and a block's largest value is within its format's largest step of the original.
+    #[test]
+    fn mxfp4_is_exact_on_its_grid_and_near_elsewhere() {
+        // Above 252 the largest values pass f32's range (6 x 2^127 at e = 254).
+        for e in [0u8, 1, 2, 100, 127, 130, 252] {
+            for n in 0..16u8 {
+                let b = BlockMxfp4 {
+                    e,
+                    qs: [n | (n << 4); GROUP / 2],
+                };
+                let want = f64::from(MXFP4_STEPS[usize::from(n)]) * 2f64.powi(i32::from(e) - 128);
+                assert_eq!(f64::from(b.value(3)), want, "e {e} nibble {n}");
+                assert_eq!(
+                    BlockMxfp4::quantize(&[b.value(0); GROUP]).value(0),
+                    b.value(0)
+                );
+            }
+        }
+        assert!(
+            BlockMxfp4 {
+                e: 255,
+                qs: [0; 16]
+            }
+            .value(0)
+            .is_nan()
+        );
+        let v = ramp(7);
+        let b = BlockMxfp4::quantize(&v);
+        let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+        for (i, &x) in v.iter().enumerate() {
+            // e2m1's widest gap is 2 (4 to 6) at the top exponent: half of it, scaled.
+            assert!(
+                (b.value(i) - x).abs() <= amax / 4.0 + 1e-6,
+                "{x} became {}",
+                b.value(i)
+            );
+        }
     }
 
     #[test]

@@ -89,22 +89,14 @@ impl Shape {
 }
 
 /// The per-expert biases of a routed expert FFN, if it has them (the optional tensors
-/// `gate_up_bias` and `down_bias`):
+/// `gate_up_bias` and `down_bias`, f32 in every variant):
 /// `gate_up [E, 2F]` (gate first) and `down [E, H]`.
-#[derive(Clone, Copy, Debug)]
-pub struct Biases<'a, W> {
-    pub gate_up: Option<&'a [W]>,
-    pub down: Option<&'a [W]>,
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Biases<'a> {
+    pub gate_up: Option<&'a [f32]>,
+    pub down: Option<&'a [f32]>,
 }
 
-impl<W> Default for Biases<'_, W> {
-    fn default() -> Self {
-        Biases {
-            gate_up: None,
-            down: None,
-        }
-    }
-}
 
 /// `gated(x . Wg[e] + bg[e], x . Wu[e] + bu[e])` for one token; `gate_up` is `[E, 2F, H]`, gate
 /// rows first; the bias, if any, `[E, 2F]`.
@@ -113,11 +105,11 @@ pub fn expert_gate_up<W: Element>(
     act: Activation,
     x: &[W],
     gate_up: &[W],
-    bias: Option<&[W]>,
+    bias: Option<&[f32]>,
     e: usize,
 ) -> Vec<f64> {
     let bank = &gate_up[e * 2 * s.f * s.h..(e + 1) * 2 * s.f * s.h];
-    let b = |j: usize| bias.map_or(0.0, |b| real(b[e * 2 * s.f + j]));
+    let b = |j: usize| bias.map_or(0.0, |b| f64::from(b[e * 2 * s.f + j]));
     (0..s.f)
         .map(|j| {
             let g = dot(x, &bank[j * s.h..(j + 1) * s.h]) + b(j);
@@ -132,13 +124,14 @@ pub fn expert_down<W: Element>(
     s: &Shape,
     a: &[f64],
     down: &[W],
-    bias: Option<&[W]>,
+    bias: Option<&[f32]>,
     e: usize,
 ) -> Vec<f64> {
     let bank = &down[e * s.h * s.f..(e + 1) * s.h * s.f];
     (0..s.h)
         .map(|i| {
-            dot_f64(a, &bank[i * s.f..(i + 1) * s.f]) + bias.map_or(0.0, |b| real(b[e * s.h + i]))
+            dot_f64(a, &bank[i * s.f..(i + 1) * s.f])
+                + bias.map_or(0.0, |b| f64::from(b[e * s.h + i]))
         })
         .collect()
 }
@@ -189,7 +182,7 @@ pub fn expert_ffn<W: Element>(
     weights: &[f32],
     gate_up: &[W],
     down: &[W],
-    bias: Biases<'_, W>,
+    bias: Biases<'_>,
     t: usize,
 ) -> Vec<f64> {
     let xt = &x[t * s.h..(t + 1) * s.h];

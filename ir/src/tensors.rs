@@ -131,7 +131,9 @@ pub enum ElemClass {
     Activation,
     /// Weights, in the variant's dtype (where block-quantized weights will carry their scales).
     Weight,
-    /// Always f32 (route weights, an f32 intermediate).
+    /// Always f32 (route weights, an f32 intermediate, the experts' biases: values added as
+    /// numbers, a few thousand of them, exact from any storage dtype, so every variant plain or
+    /// quantized reads them alike).
     F32,
     /// Route indices, u32.
     Index,
@@ -227,8 +229,9 @@ pub const ACT: TensorDef = TensorDef::new("act", Input, F32, &[D(T), D(R), D(F)]
 pub const DENSE_GATE: TensorDef = TensorDef::new("gate", Weight, W, &[D(F), D(H)]);
 pub const DENSE_UP: TensorDef = TensorDef::new("up", Weight, W, &[D(F), D(H)]);
 pub const DENSE_DOWN: TensorDef = TensorDef::new("down", Weight, W, &[D(H), D(F)]);
-pub const GATE_UP_BIAS: TensorDef = TensorDef::optional(Optional::GateUpBias, W, &[D(E), Twice(F)]);
-pub const DOWN_BIAS: TensorDef = TensorDef::optional(Optional::DownBias, W, &[D(E), D(H)]);
+pub const GATE_UP_BIAS: TensorDef =
+    TensorDef::optional(Optional::GateUpBias, F32, &[D(E), Twice(F)]);
+pub const DOWN_BIAS: TensorDef = TensorDef::optional(Optional::DownBias, F32, &[D(E), D(H)]);
 pub const OUTPUT_GATE: TensorDef = TensorDef::optional(Optional::OutputGate, W, &[D(H)]);
 pub const HIDDEN: TensorDef = TensorDef::new("hidden", Input, A, &[D(T), D(H)]);
 pub const EMB: TensorDef = TensorDef::new("emb", Weight, W, &[D(V), D(H)]);

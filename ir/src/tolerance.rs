@@ -38,7 +38,12 @@ pub fn unit_roundoff(d: DType) -> f64 {
         // Beside quantized weights, an activation quantized to i8 per block: half a step is
         // 1/254 of the block's largest magnitude.
         // bf16 activations are exact in f32, so they round no further.
-        DType::Q8_0 | DType::Q4_0 | DType::Q8_0Bf16 | DType::Q4_0Bf16 => 1.0 / 254.0,
+        DType::Q8_0
+        | DType::Q4_0
+        | DType::Q8_0Bf16
+        | DType::Q4_0Bf16
+        | DType::Mxfp4
+        | DType::Mxfp4Bf16 => 1.0 / 254.0,
     }
 }
 

@@ -8,7 +8,7 @@
 macro_rules! with_block {
     ($dtype:expr, $block:expr, |$Q:ident| $body:expr) => {{
         use $crate::__private::ir::BlockFormat;
-        use $crate::__private::ir::quant::{BlockQ4, BlockQ8};
+        use $crate::__private::ir::quant::{BlockMxfp4, BlockQ4, BlockQ8};
         match ($dtype.blocks(), $block) {
             (Some(BlockFormat::Q8_0), 32) => {
                 type $Q = BlockQ8<1>;
@@ -40,6 +40,10 @@ macro_rules! with_block {
             }
             (Some(BlockFormat::Q4_0), 256) => {
                 type $Q = BlockQ4<8>;
+                $body
+            }
+            (Some(BlockFormat::Mxfp4), 32) => {
+                type $Q = BlockMxfp4;
                 $body
             }
             (format, block) => unreachable!(

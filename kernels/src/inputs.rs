@@ -132,25 +132,30 @@ impl<'a, W, A> Inputs<'a, W, A> {
     /// # Panics
     /// If the op has no such optional tensor.
     #[must_use]
-    pub fn with(mut self, o: Optional, w: &'a [W]) -> Self {
-        let slot = self.op.tensors().iter().position(|t| t.when == Some(o));
-        let slot = slot.unwrap_or_else(|| panic!("`{}` has no optional `{o}`", self.op));
-        self.slots[slot] = Some(Bound::Weight(w));
-        self.optional = self.optional.with(o);
-        self
+    pub fn with(self, o: Optional, w: &'a [W]) -> Self {
+        self.bind(o, Bound::Weight(w))
     }
 
     /// The same inputs with the experts' biases that `bias` holds.
     #[must_use]
-    pub fn with_biases(self, bias: Biases<'a, W>) -> Self {
+    pub fn with_biases(self, bias: Biases<'a>) -> Self {
         let pairs = [
             (Optional::GateUpBias, bias.gate_up),
             (Optional::DownBias, bias.down),
         ];
         pairs.into_iter().fold(self, |i, (o, b)| match b {
-            Some(w) => i.with(o, w),
+            Some(b) => i.bind(o, Bound::F32(b)),
             None => i,
         })
+    }
+
+    /// The same inputs with the optional tensor `o` bound to `t`.
+    fn bind(mut self, o: Optional, t: Bound<'a, W, A>) -> Self {
+        let slot = self.op.tensors().iter().position(|t| t.when == Some(o));
+        let slot = slot.unwrap_or_else(|| panic!("`{}` has no optional `{o}`", self.op));
+        self.slots[slot] = Some(t);
+        self.optional = self.optional.with(o);
+        self
     }
 
     pub fn op(&self) -> Op {
@@ -227,10 +232,14 @@ impl<'a, W, A> Inputs<'a, W, A> {
     }
 
     /// The experts' biases these inputs carry.
-    pub fn biases(&self) -> Biases<'a, W> {
+    pub fn biases(&self) -> Biases<'a> {
+        let f32_of = |o| {
+            let row = self.op.tensors().iter().find(|t| t.when == Some(o))?;
+            self.optional.has(o).then(|| self.f32s(row))
+        };
         Biases {
-            gate_up: self.optional_weight(Optional::GateUpBias),
-            down: self.optional_weight(Optional::DownBias),
+            gate_up: f32_of(Optional::GateUpBias),
+            down: f32_of(Optional::DownBias),
         }
     }
 
@@ -305,7 +314,7 @@ impl<W: Element, A: Element> Bound<'_, W, A> {
     pub fn to_f32(&self) -> Vec<f32> {
         match *self {
             Bound::Act(v) => v.iter().map(|x| x.to_f32()).collect(),
-            Bound::Weight(v) => v.iter().map(|x| x.to_f32()).collect(),
+            Bound::Weight(v) => moek_ir::quant::dequantize(v),
             Bound::F32(v) => v.to_vec(),
             Bound::Index(v) => v.iter().map(|&i| i as f32).collect(),
         }

@@ -22,6 +22,8 @@ pub struct CpuFns {
     pub q8_0: BlockFns,
     /// Q4_0 weights (at the spec's block size) beside f32 or bf16 activations.
     pub q4_0: BlockFns,
+    /// MXFP4 weights (32 values a block) beside f32 or bf16 activations.
+    pub mxfp4: BlockFns,
 }
 
 /// One block format's variants ([`QuantFns`]) at the block size the spec declares. A block size
@@ -90,6 +92,7 @@ impl CpuFns {
                 .or_else(|| exactly(self.f32)),
             Kind::Blocks(BlockFormat::Q8_0) => of_block(self.q8_0.get::<W>()),
             Kind::Blocks(BlockFormat::Q4_0) => of_block(self.q4_0.get::<W>()),
+            Kind::Blocks(BlockFormat::Mxfp4) => of_block(self.mxfp4.get::<W>()),
         }
     }
 
@@ -99,6 +102,7 @@ impl CpuFns {
         f32: None,
         q8_0: BlockFns::NONE,
         q4_0: BlockFns::NONE,
+        mxfp4: BlockFns::NONE,
     };
 }
 

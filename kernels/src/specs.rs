@@ -244,7 +244,7 @@ kernel! {
     /// blocks of 32.
     pub general_expert_ffn_gather_quantized = expert_ffn {
         dims:       T, R, E, H, F;
-        dtypes:     q8_0, q4_0, q8_0_bf16, q4_0_bf16;
+        dtypes:     q8_0, q4_0, mxfp4, q8_0_bf16, q4_0_bf16, mxfp4_bf16;
         targets:    cpu, wgpu;
         select:     gather E by R;
         cores:      R = 8;
@@ -253,7 +253,7 @@ kernel! {
     /// The general quantized expert FFN with SiLU experts (Qwen3-MoE, Mixtral, DeepSeek).
     pub general_expert_ffn_gather_quantized_silu = expert_ffn {
         dims:       T, R, E, H, F;
-        dtypes:     q8_0, q4_0, q8_0_bf16, q4_0_bf16;
+        dtypes:     q8_0, q4_0, mxfp4, q8_0_bf16, q4_0_bf16, mxfp4_bf16;
         targets:    cpu, wgpu;
         activation: silu;
         select:     gather E by R;
@@ -275,6 +275,19 @@ kernel! {
     pub general_expert_ffn_gather_swiglu_biased = expert_ffn {
         dims:       T, R, E, H, F;
         dtypes:     f16, bf16, f32;
+        targets:    cpu, wgpu;
+        activation: swiglu_clamped(limit = 7.0, alpha = 1.702);
+        bias:       gate_up, down;
+        select:     gather E by R;
+        cores:      R = 8;
+    }
+
+    /// gpt-oss's experts as its checkpoints ship them: MXFP4 banks (32 e2m1 values under an
+    /// e8m0 scale), biases in f32, clamped SwiGLU, any size; also Q8_0 and Q4_0 banks for a
+    /// bf16 checkpoint quantized at load.
+    pub general_expert_ffn_gather_swiglu_biased_quantized = expert_ffn {
+        dims:       T, R, E, H, F;
+        dtypes:     mxfp4, mxfp4_bf16, q8_0, q4_0;
         targets:    cpu, wgpu;
         activation: swiglu_clamped(limit = 7.0, alpha = 1.702);
         bias:       gate_up, down;
@@ -357,7 +370,7 @@ kernel! {
     /// vocabulary slices, each row on the CPU an integer dot over 32-value blocks.
     pub general_lm_head_row_quantized = lm_head_row {
         dims:    T, H, V;
-        dtypes:  q8_0, q4_0, q8_0_bf16, q4_0_bf16;
+        dtypes:  q8_0, q4_0, mxfp4, q8_0_bf16, q4_0_bf16, mxfp4_bf16;
         targets: cpu, wgpu;
         cores:   V = 32;
     }

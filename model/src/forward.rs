@@ -322,6 +322,11 @@ pub(crate) fn head_rows<W: Element>(
                     let inputs = Inputs::lm_head_row(hidden, emb, softcap);
                     run_traced_quantized(kernels, l, what, act, s, &inputs, out, None, trace)?;
                 }
+                Stored::Mxfp4(emb) => {
+                    let hidden = row;
+                    let inputs = Inputs::lm_head_row(hidden, emb, softcap);
+                    run_traced_quantized(kernels, l, what, act, s, &inputs, out, None, trace)?;
+                }
             }
             Ok(logits)
         })
@@ -419,6 +424,10 @@ pub(crate) fn routed_experts<W: Element>(
             run_traced_quantized(b, l, "moe", a, shape, &inputs, out, requested, trace)
         }
         (Stored::Q4_0(gate_up), Stored::Q4_0(down)) => {
+            let inputs = inputs(x, routes, gate_up, down);
+            run_traced_quantized(b, l, "moe", a, shape, &inputs, out, requested, trace)
+        }
+        (Stored::Mxfp4(gate_up), Stored::Mxfp4(down)) => {
             let inputs = inputs(x, routes, gate_up, down);
             run_traced_quantized(b, l, "moe", a, shape, &inputs, out, requested, trace)
         }

@@ -10,7 +10,7 @@
 use crate::checkpoint::{Checkpoint, LoadError, QUANTIZATION_KEY, Residence, block_shape};
 use half::{bf16, f16};
 use moek_kernels::Element;
-use moek_kernels::ir::quant::{BLOCK, BlockQ4_0, BlockQ8_0};
+use moek_kernels::ir::quant::{BLOCK, BlockMxfp4, BlockQ4_0, BlockQ8_0};
 use moek_kernels::ir::{BlockFormat, DType};
 use rayon::prelude::*;
 use safetensors::Dtype;
@@ -24,6 +24,7 @@ pub enum Stored<'c, W: Clone> {
     Plain(Cow<'c, [W]>),
     Q8_0(Cow<'c, [BlockQ8_0]>),
     Q4_0(Cow<'c, [BlockQ4_0]>),
+    Mxfp4(Cow<'c, [BlockMxfp4]>),
 }
 
 impl<W: Element> Stored<'_, W> {
@@ -33,6 +34,7 @@ impl<W: Element> Stored<'_, W> {
             Stored::Plain(m) => size_of_val(&m[..]),
             Stored::Q8_0(b) => size_of_val(&b[..]),
             Stored::Q4_0(b) => size_of_val(&b[..]),
+            Stored::Mxfp4(b) => size_of_val(&b[..]),
         }
     }
 
@@ -42,6 +44,7 @@ impl<W: Element> Stored<'_, W> {
             Stored::Plain(_) => W::DTYPE,
             Stored::Q8_0(_) => DType::Q8_0,
             Stored::Q4_0(_) => DType::Q4_0,
+            Stored::Mxfp4(_) => DType::Mxfp4,
         }
     }
 
@@ -55,6 +58,7 @@ impl<W: Element> Stored<'_, W> {
                 .collect(),
             Stored::Q8_0(b) => moek_kernels::ir::quant::dequantize(&b[blocks.clone()]),
             Stored::Q4_0(b) => moek_kernels::ir::quant::dequantize(&b[blocks.clone()]),
+            Stored::Mxfp4(b) => moek_kernels::ir::quant::dequantize(&b[blocks.clone()]),
         }
     }
 
@@ -64,6 +68,7 @@ impl<W: Element> Stored<'_, W> {
             Stored::Plain(m) => Stored::Plain(Cow::Borrowed(m)),
             Stored::Q8_0(b) => Stored::Q8_0(Cow::Borrowed(b)),
             Stored::Q4_0(b) => Stored::Q4_0(Cow::Borrowed(b)),
+            Stored::Mxfp4(b) => Stored::Mxfp4(Cow::Borrowed(b)),
         }
     }
 
@@ -73,6 +78,7 @@ impl<W: Element> Stored<'_, W> {
             None => Stored::Plain(values),
             Some(BlockFormat::Q8_0) => Stored::Q8_0(Cow::Owned(blocks(&values))),
             Some(BlockFormat::Q4_0) => Stored::Q4_0(Cow::Owned(blocks(&values))),
+            Some(BlockFormat::Mxfp4) => Stored::Mxfp4(Cow::Owned(blocks(&values))),
         }
     }
 }
@@ -88,7 +94,8 @@ pub fn read_bank<'c, W: Element>(
 ) -> Result<Stored<'c, W>, LoadError> {
     match (ck.quantized(names), quantize) {
         (Some(BlockFormat::Q8_0), _) => Ok(Stored::Q8_0(ck.blocks(names, shape, residence)?)),
-        (Some(_), _) => Ok(Stored::Q4_0(ck.blocks(names, shape, residence)?)),
+        (Some(BlockFormat::Q4_0), _) => Ok(Stored::Q4_0(ck.blocks(names, shape, residence)?)),
+        (Some(BlockFormat::Mxfp4), _) => Ok(Stored::Mxfp4(ck.blocks(names, shape, residence)?)),
         (None, None) => Ok(Stored::Plain(ck.matrix(names, shape, residence)?)),
         (None, Some(BlockFormat::Q8_0)) => {
             Ok(Stored::Q8_0(Cow::Owned(ck.quantize::<W, _>(names, shape)?)))
@@ -96,6 +103,9 @@ pub fn read_bank<'c, W: Element>(
         (None, Some(BlockFormat::Q4_0)) => {
             Ok(Stored::Q4_0(Cow::Owned(ck.quantize::<W, _>(names, shape)?)))
         }
+        (None, Some(BlockFormat::Mxfp4)) => Ok(Stored::Mxfp4(Cow::Owned(
+            ck.quantize::<W, _>(names, shape)?,
+        ))),
     }
 }
 
@@ -167,6 +177,12 @@ pub fn write_quantized(
                     Dtype::U8,
                     block_shape::<BlockQ4_0>(shape),
                     Cow::Owned(blocks_of::<BlockQ4_0>(ck, name, dtype, shape)?),
+                ),
+                BlockFormat::Mxfp4 => (
+                    name,
+                    Dtype::U8,
+                    block_shape::<BlockMxfp4>(shape),
+                    Cow::Owned(blocks_of::<BlockMxfp4>(ck, name, dtype, shape)?),
                 ),
             }
         } else {

@@ -342,6 +342,58 @@ pub(crate) unsafe fn dot_q8<const G: usize>(
     })
 }
 
+/// [`sum_segments`] for MXFP4 blocks (one group each): the 16 bytes of nibbles split into low
+/// (values 0..16) and high (16..32) nibbles, each looked up (`vpshufb`) in
+/// [`moek_ir::quant::MXFP4_STEPS`], twice the e2m1 values as i8, then exactly as a Q8 group
+/// ([`dot_q8`]): `vpmaddubsw` with the sign moved onto the activation, `vpmaddwd` against
+/// ones, scaled by the block's `2^(e - 128)` and the activation group's scale into one of
+/// [`CHAINS`] accumulators in turn.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_mxfp4(
+    row: &[moek_ir::quant::BlockMxfp4],
+    x: &QuantizedActivation,
+    segs: &[(usize, usize)],
+    ahead: usize,
+) -> f32 {
+    let n = segs.iter().map(|&(_, e)| e).max().unwrap_or(0);
+    assert!(row.len() >= n && x.scales.len() >= n && x.values.len() >= n * 32);
+    let ones = _mm256_set1_epi16(1);
+    // SAFETY: the table is 16 bytes.
+    let table = unsafe { _mm_loadu_si128(moek_ir::quant::MXFP4_STEPS.as_ptr().cast()) };
+    let low = _mm_set1_epi8(0x0f);
+    let step = |acc: &mut __m256, b: usize| {
+        // SAFETY: `b < n`: the slices hold group `b`'s lanes (asserted); AVX2 is ours.
+        unsafe {
+            let blk = row.get_unchecked(b);
+            crate::memory::prefetch((blk as *const _ as *const u8).wrapping_add(ahead));
+            let xv = _mm256_loadu_si256(x.values.as_ptr().add(b * 32).cast());
+            let qs = _mm_loadu_si128(blk.qs.as_ptr().cast());
+            let lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, low));
+            let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(qs, 4), low));
+            let q = _mm256_set_m128i(hi, lo);
+            let dot = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q));
+            let sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(dot, ones));
+            let d = _mm256_set1_ps(blk.scale() * *x.scales.get_unchecked(b));
+            *acc = _mm256_fmadd_ps(d, sums, *acc);
+        }
+    };
+    sum_segments(segs, |s, e| {
+        let mut acc = [_mm256_setzero_ps(); CHAINS];
+        let [a0, a1, a2, a3] = &mut acc;
+        let full = s + (e - s) / CHAINS * CHAINS;
+        for b in (s..full).step_by(CHAINS) {
+            step(a0, b);
+            step(a1, b + 1);
+            step(a2, b + 2);
+            step(a3, b + 3);
+        }
+        for (b, acc) in (full..e).zip([a0, a1, a2]) {
+            step(acc, b);
+        }
+        reduce_chains(acc)
+    })
+}
+
 /// [`sum_segments`] for Q4 blocks of `G` groups, the segments in groups (below, a "block" is a
 /// group, scaled by the scale of the block it is in). Two blocks a step: their 16 bytes of
 /// nibbles side by side in one register, so one mask gives both blocks' low nibbles (values

@@ -17,7 +17,7 @@
 
 use crate::isa::{Isa, isa};
 use moek_ir::Element;
-use moek_ir::quant::{BlockQ4, BlockQ8, GROUP};
+use moek_ir::quant::{BlockMxfp4, BlockQ4, BlockQ8, GROUP};
 use std::cell::RefCell;
 use std::ops::Range;
 
@@ -166,6 +166,28 @@ macro_rules! dots {
 dots!(dots_q8, BlockQ8, crate::avx2::dot_q8);
 dots!(dots_q4, BlockQ4, crate::avx2::dot_q4);
 
+/// The row products of MXFP4 blocks (one group each).
+pub fn dots_mxfp4() -> Dots<BlockMxfp4> {
+    Dots {
+        portable: |row, x, groups| {
+            let mut sum = 0f32;
+            for g in groups {
+                let b = &row[g];
+                let q = &x.values[g * GROUP..(g + 1) * GROUP];
+                let dot: i32 = q
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| b.step(i) * i32::from(v))
+                    .sum();
+                sum += b.scale() * x.scales[g] * dot as f32;
+            }
+            sum
+        },
+        #[cfg(target_arch = "x86_64")]
+        avx2: crate::avx2::dot_mxfp4,
+    }
+}
+
 thread_local! {
     /// Each thread's quantized activation, reused from one product to the next.
     static ACTIVATION: RefCell<QuantizedActivation> = RefCell::default();
@@ -173,11 +195,11 @@ thread_local! {
 
 /// The quantized blocks: the activation quantized per product, then [`rows_q`].
 macro_rules! quantized_weight {
-    ($($ty:ident: $dots:ident),*) => {$(
-        impl<const G: usize> Weight for $ty<G> {
+    ($([$($generics:tt)*] $ty:ty: $dots:expr),*) => {$(
+        impl<$($generics)*> Weight for $ty {
             fn matvec_segments<A: Element>(
                 x: &[A],
-                mat: &[$ty<G>],
+                mat: &[$ty],
                 ld: usize,
                 rows: Range<usize>,
                 segs: &[(usize, usize)],
@@ -185,14 +207,18 @@ macro_rules! quantized_weight {
             ) {
                 ACTIVATION.with_borrow_mut(|xq| {
                     xq.quantize(x);
-                    rows_q(xq, mat, ld, rows, segs, out, $dots());
+                    rows_q(xq, mat, ld, rows, segs, out, $dots);
                 });
             }
         }
     )*};
 }
 
-quantized_weight!(BlockQ8: dots_q8, BlockQ4: dots_q4);
+quantized_weight!(
+    [const G: usize] BlockQ8<G>: dots_q8::<G>(),
+    [const G: usize] BlockQ4<G>: dots_q4::<G>(),
+    [] BlockMxfp4: dots_mxfp4()
+);
 
 /// [`Weight::matvec_segments`] for quantized rows and an activation already quantized.
 pub fn rows_q<Q: Element>(
@@ -308,6 +334,11 @@ mod tests {
         matches_dequantized(dots_q8::<8>());
         matches_dequantized(dots_q4::<2>());
         matches_dequantized(dots_q4::<8>());
+    }
+
+    #[test]
+    fn mxfp4_rows_match_the_dequantized_sums() {
+        matches_dequantized(dots_mxfp4());
     }
 
     #[test]

@@ -78,6 +78,9 @@ pub struct Case<W> {
     /// The op's weight tensors, the optional ones included, in the order of its table
     /// ([`Op::tensors`]); by name with [`Case::param`].
     pub params: Vec<Vec<W>>,
+    /// The op's f32 weights (the experts' biases), in table order; by name with
+    /// [`Case::f32_param`].
+    pub f32_params: Vec<Vec<f32>>,
     pub softcap: Option<f32>,
     /// The optional tensors the inputs carry (all are drawn): the spec's, set by the harness
     /// before each run.
@@ -93,6 +96,10 @@ impl<W: Element> Case<W> {
             .enumerate()
             .map(|(i, t)| uniform(t.len(&s), seed ^ (0x100 + i as u64), draw_scale(op, t, &s)))
             .collect();
+        let f32_params = f32_weight_defs(op)
+            .enumerate()
+            .map(|(i, t)| uniform(t.len(&s), seed ^ (0x200 + i as u64), draw_scale(op, t, &s)))
+            .collect();
         let mut case = Case {
             op,
             shape: s,
@@ -101,6 +108,7 @@ impl<W: Element> Case<W> {
             weights: vec![],
             act: vec![],
             params,
+            f32_params,
             softcap: Some(30.0),
             optional: Optionals::NONE,
         };
@@ -111,6 +119,12 @@ impl<W: Element> Case<W> {
     /// The weight tensor `name` of the op's table.
     pub fn param(&self, name: &str) -> &[W] {
         &self.params[param_index(self.op, name)]
+    }
+
+    /// The f32 weight tensor `name` of the op's table (a bias).
+    pub fn f32_param(&self, name: &str) -> &[f32] {
+        let i = f32_weight_defs(self.op).position(|t| t.name == name);
+        &self.f32_params[i.unwrap_or_else(|| panic!("`{}` has no f32 weight `{name}`", self.op))]
     }
 
     /// The weight tensor `name`, to change (tests of bad inputs) or take (a resident session).
@@ -131,7 +145,7 @@ impl<W: Element> Case<W> {
     }
 
     /// The biases the inputs carry.
-    pub fn biases(&self) -> Biases<'_, W> {
+    pub fn biases(&self) -> Biases<'_> {
         self.inputs().biases()
     }
 
@@ -142,6 +156,9 @@ impl<W: Element> Case<W> {
                 ElemClass::Activation => Bound::Act(&self.x),
                 ElemClass::Index => Bound::Index(&self.idx),
                 ElemClass::F32 if *row == ACT => Bound::F32(&self.act),
+                ElemClass::F32 if row.role == TensorRole::Weight => {
+                    Bound::F32(self.f32_param(row.name))
+                }
                 ElemClass::F32 => Bound::F32(&self.weights),
                 ElemClass::Weight => Bound::Weight(self.param(row.name)),
             }
@@ -244,9 +261,18 @@ impl<W: Element> Case<W> {
     }
 }
 
-/// The op's weight tensors, the optional ones included, in table order.
+/// The op's weight tensors in the variant's dtype, the optional ones included, in table order.
 pub(super) fn weight_defs(op: Op) -> impl Iterator<Item = &'static TensorDef> {
-    op.tensors().iter().filter(|t| t.role == TensorRole::Weight)
+    op.tensors()
+        .iter()
+        .filter(|t| t.role == TensorRole::Weight && t.class == ElemClass::Weight)
+}
+
+/// The op's weight tensors in f32 (the experts' biases), in table order.
+pub(super) fn f32_weight_defs(op: Op) -> impl Iterator<Item = &'static TensorDef> {
+    op.tensors()
+        .iter()
+        .filter(|t| t.role == TensorRole::Weight && t.class == ElemClass::F32)
 }
 
 /// The half-width of a weight tensor's uniform draw: 1/sqrt(its row length), so activations stay

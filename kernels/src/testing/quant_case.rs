@@ -22,9 +22,11 @@ pub struct QuantCase<Q> {
 impl<Q: Element> QuantCase<Q> {
     pub fn new(op: Op, s: Shape, seed: u64) -> Self {
         let drawn = Case::<bf16>::new(op, s, seed);
-        // The weights every spec of the op reads: quantized specs have no optional tensors.
-        let required = weight_defs(op).filter(|t| t.when.is_none()).count();
-        let blocks: Vec<Vec<Q>> = drawn.params[..required]
+        // The weights in blocks: every one the op's table stores in the variant's dtype (the
+        // output gate, the one optional such weight, is dense_mlp's, which has no quantized
+        // variant); the biases stay f32.
+        let blocks: Vec<Vec<Q>> = drawn
+            .params
             .par_iter()
             .map(|p| {
                 let values: Vec<f32> = p.iter().map(|v| v.to_f32()).collect();
@@ -39,6 +41,7 @@ impl<Q: Element> QuantCase<Q> {
             weights: vec![],
             act: vec![],
             params: blocks.par_iter().map(|b| quant::dequantize(b)).collect(),
+            f32_params: drawn.f32_params.clone(),
             softcap: drawn.softcap,
             optional: Optionals::NONE,
         };
@@ -92,10 +95,11 @@ impl<Q: Element> QuantCase<Q> {
             Op::DenseMlp,
             "the checker keeps quantized weights off dense_mlp"
         );
-        Inputs::from_table(c.op, Optionals::NONE, c.softcap, |row| match row.class {
+        Inputs::from_table(c.op, c.optional, c.softcap, |row| match row.class {
             ElemClass::Activation => Bound::Act(x),
             ElemClass::Index => Bound::Index(&c.idx),
             ElemClass::F32 if *row == ACT => Bound::F32(&c.act),
+            ElemClass::F32 if row.role == TensorRole::Weight => Bound::F32(c.f32_param(row.name)),
             ElemClass::F32 => Bound::F32(&c.weights),
             ElemClass::Weight => Bound::Weight(&self.blocks[param_index(c.op, row.name)]),
         })
@@ -134,10 +138,7 @@ impl<Q: Element> Drawn for QuantCase<Q> {
     }
 
     fn reseed_for(&mut self, k: &Kernel, seed: u64) {
-        assert!(
-            k.optional.is_empty(),
-            "the checker keeps biases and gates off quantized specs"
-        );
+        (self.drawn.optional, self.exact.optional) = (k.optional, k.optional);
         self.drawn.reseed(seed);
         self.share_activations();
     }

@@ -169,10 +169,10 @@ impl<'k> Emitter<'k> {
             (_, true) => "f16 loads (enable f16)",
             (DType::Bf16, _) => "bf16 from packed u32 pairs",
             (DType::F16, _) => "f16 from packed u32 pairs (unpack2x16float)",
-            (DType::Q8_0 | DType::Q4_0, _) => {
+            (DType::Q8_0 | DType::Q4_0 | DType::Mxfp4, _) => {
                 "weights in blocks read from u32 words and dequantized exactly, f32 activations"
             }
-            (DType::Q8_0Bf16 | DType::Q4_0Bf16, _) => {
+            (DType::Q8_0Bf16 | DType::Q4_0Bf16 | DType::Mxfp4Bf16, _) => {
                 "weights in blocks read from u32 words and dequantized exactly, bf16 activations from packed u32 pairs"
             }
         };

@@ -213,24 +213,38 @@ impl Emitter<'_> {
 
 impl Emitter<'_> {
     /// The loaders of one chunk of quantized blocks of the spec's size, stored as
-    /// `moek_ir::quant` lays them out (an f16 scale, then the values group by group: Q8 as i8,
-    /// Q4 as 16 bytes of nibbles a group of 32, value `j` of a group in byte `j % 16`'s low
-    /// nibble for `j < 16`, its high one after) and read as little-endian `u32` words:
-    /// `byte_VAR(o)`, then `ld_VAR(i)` the exact value `i` (`d * q`, `d * (n - 8)`) and
-    /// `ld2_VAR(i)` values `i` and `i + 1`.
+    /// `moek_ir::quant` lays them out (a scale, f16 or MXFP4's e8m0 byte, then the values group
+    /// by group: Q8 as i8, Q4 and MXFP4 as 16 bytes of nibbles a group of 32, value `j` of a
+    /// group in byte `j % 16`'s low nibble for `j < 16`, its high one after) and read as
+    /// little-endian `u32` words: `byte_VAR(o)`, then `ld_VAR(i)` the exact value `i`
+    /// (`d * q`, `d * (n - 8)`, `2^(e - 127) fp4(n)`; f32 subnormals, MXFP4 scales below
+    /// 2^-126, are as the device keeps them) and `ld2_VAR(i)` values `i` and `i + 1`.
     fn block_loaders(&self, var: &str, t: &TensorPlan) -> String {
         let bytes = t.elem_bytes;
         let block = self.k.quant_block;
-        let value = match self.dtype.blocks().expect("blocks of a quantized dtype") {
-            BlockFormat::Q8_0 => {
+        const F16_SCALE: &str = "unpack2x16float(byte_VAR(o) | (byte_VAR(o + 1u) << 8u)).x";
+        let (scale, value) = match self.dtype.blocks().expect("blocks of a quantized dtype") {
+            BlockFormat::Q8_0 => (
+                F16_SCALE,
                 "let q = bitcast<i32>(byte_VAR(o + 2u + j) << 24u) >> 24u;\n    \
-                            return d * f32(q);"
-            }
-            BlockFormat::Q4_0 => {
+                 return d * f32(q);",
+            ),
+            BlockFormat::Q4_0 => (
+                F16_SCALE,
                 "let b = byte_VAR(o + 2u + (j >> 5u) * 16u + (j & 15u));\n    \
-                            let n = select(b & 15u, b >> 4u, (j & 31u) >= 16u);\n    \
-                            return d * (f32(n) - 8.0);"
-            }
+                 let n = select(b & 15u, b >> 4u, (j & 31u) >= 16u);\n    \
+                 return d * (f32(n) - 8.0);",
+            ),
+            // e2m1 decoded in arithmetic (no table to index at run time): codes 0 and 1 are
+            // 0 and 0.5, code m >= 2 is (1 + (m & 1) / 2) 2^((m >> 1) - 1); bit 3 the sign.
+            BlockFormat::Mxfp4 => (
+                "ldexp(1.0, i32(byte_VAR(o)) - 127)",
+                "let b = byte_VAR(o + 1u + (j & 15u));\n    \
+                 let n = select(b & 15u, b >> 4u, j >= 16u);\n    \
+                 let m = n & 7u;\n    \
+                 let v = select(ldexp(1.0 + 0.5 * f32(m & 1u), i32(m >> 1u) - 1), 0.5 * f32(m), m < 2u);\n    \
+                 return d * select(v, -v, (n & 8u) != 0u);",
+            ),
         };
         format!(
             "fn byte_VAR(o: u32) -> u32 {{\n    \
@@ -238,7 +252,7 @@ impl Emitter<'_> {
              fn ld_VAR(i: u32) -> f32 {{\n    \
              let o = (i / {block}u) * {bytes}u;\n    \
              let j = i % {block}u;\n    \
-             let d = unpack2x16float(byte_VAR(o) | (byte_VAR(o + 1u) << 8u)).x;\n    \
+             let d = {scale};\n    \
              {value}\n}}\n\
              fn ld2_VAR(i: u32) -> vec2<f32> {{\n    \
              return vec2<f32>(ld_VAR(i), ld_VAR(i + 1u));\n}}\n"

@@ -114,6 +114,7 @@ impl<W: Element> Source<'static, W> for Draw {
         Ok(match quant {
             BlockFormat::Q8_0 => Stored::Q8_0(Cow::Owned(uniform_blocks::<W, _>(n, seed, scale))),
             BlockFormat::Q4_0 => Stored::Q4_0(Cow::Owned(uniform_blocks::<W, _>(n, seed, scale))),
+            BlockFormat::Mxfp4 => Stored::Mxfp4(Cow::Owned(uniform_blocks::<W, _>(n, seed, scale))),
         })
     }
 

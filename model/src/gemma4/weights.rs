@@ -13,7 +13,7 @@ use crate::quantized::Stored;
 use moek_kernels::Element;
 use moek_kernels::ir::BlockFormat;
 use moek_kernels::ir::DType;
-use moek_kernels::ir::quant::{BlockQ4_0, BlockQ8_0};
+use moek_kernels::ir::quant::{BlockMxfp4, BlockQ4_0, BlockQ8_0};
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 use std::borrow::Cow;
@@ -319,6 +319,10 @@ impl<'c, W: Element, S: Source<'c, W>> Source<'c, W> for Recorder<S, W> {
             Stored::Q4_0(b) => (
                 block_shape::<BlockQ4_0>(shape),
                 Data::Blocks(bytemuck::cast_slice(&b).to_vec(), DType::Q4_0),
+            ),
+            Stored::Mxfp4(b) => (
+                block_shape::<BlockMxfp4>(shape),
+                Data::Blocks(bytemuck::cast_slice(&b).to_vec(), DType::Mxfp4),
             ),
         };
         self.tensors.push((names[0].clone(), stored_shape, data));

@@ -172,7 +172,10 @@ pub fn load_quantized<'c, W: Element>(
                     Some(BlockFormat::Q8_0) => Ok(Stored::Q8_0(Cow::Owned(
                         ck.gather_blocks(parts, residence)?,
                     ))),
-                    Some(_) => Ok::<_, LoadError>(Stored::Q4_0(Cow::Owned(
+                    Some(BlockFormat::Q4_0) => Ok::<_, LoadError>(Stored::Q4_0(Cow::Owned(
+                        ck.gather_blocks(parts, residence)?,
+                    ))),
+                    Some(BlockFormat::Mxfp4) => Ok(Stored::Mxfp4(Cow::Owned(
                         ck.gather_blocks(parts, residence)?,
                     ))),
                     None => Ok(Stored::quantize(

@@ -18,7 +18,7 @@ fn gate_up_phase<W: Weight, A: Element>(
     x: &[A],
     idx: &[u32],
     gate_up: &[W],
-    bias: Option<&[W]>,
+    bias: Option<&[f32]>,
     pair: impl Pair,
     dst: &mut [f32],
 ) {
@@ -87,7 +87,7 @@ fn down_phase<W: Weight>(
     act: &[f32],
     routes: Routes<'_>,
     down: &[W],
-    bias: Option<&[W]>,
+    bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
     let (t_n, r_n, f_n, h_n) = (s.t, s.r, s.f, s.h);
@@ -140,7 +140,7 @@ fn down_phase<W: Weight>(
                         v += y[(p * t_n * r_n + slot) * h_n + i];
                     }
                     if let Some(b) = bias {
-                        v += W::value_at(b, e * h_n + i);
+                        v += b[e * h_n + i];
                     }
                     *o += w * v;
                 }
@@ -252,7 +252,7 @@ fn route_owned_with<W: Weight, A: Element>(
                         matvec_segments(&a, dn, f_n, c0..c1, &f_blocks, yv);
                         if let Some(b) = bias.down {
                             for (i, y) in (c0..c1).zip(yv.iter_mut()) {
-                                *y += W::value_at(b, e * h_n + i);
+                                *y += b[e * h_n + i];
                             }
                         }
                     }

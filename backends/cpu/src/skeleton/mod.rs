@@ -22,7 +22,6 @@ mod gemm;
 pub use gathered::{down, gate_up, gathered_ffn, lm_head_row, route_owned_ffn};
 pub use gemm::{dense_mlp, grouped_ffn, persistent_ffn};
 
-use crate::Weight;
 use moek_ir::cpu::{Ranges, Tables};
 use moek_ir::reference::Biases;
 use moek_ir::tensors::Optional;
@@ -42,13 +41,13 @@ pub struct Routes<'a> {
 pub struct Bank<'a, W> {
     pub gate_up: &'a [W],
     pub down: &'a [W],
-    pub bias: Biases<'a, W>,
+    pub bias: Biases<'a>,
 }
 
 impl<'a, W> Bank<'a, W> {
     /// The biases the spec declares (the backend checked the inputs carry exactly those).
-    fn declared_bias(&self, t: &Tables) -> Biases<'a, W> {
-        let given = |declared: bool, b: Option<&'a [W]>| {
+    fn declared_bias(&self, t: &Tables) -> Biases<'a> {
+        let given = |declared: bool, b: Option<&'a [f32]>| {
             declared.then(|| b.expect("the backend checks the spec's biases are given"))
         };
         Biases {
@@ -96,17 +95,10 @@ fn blocks<'t>(r: &'t Ranges<'_>, n: usize) -> Cow<'t, [(usize, usize)]> {
 
 /// Expert `e`'s gate/up bias added to `g` and `u` for column `j`, if it has one.
 #[inline(always)]
-fn add_gate_up_bias<W: Weight>(
-    b: Option<&[W]>,
-    e: usize,
-    f: usize,
-    j: usize,
-    g: &mut f32,
-    u: &mut f32,
-) {
+fn add_gate_up_bias(b: Option<&[f32]>, e: usize, f: usize, j: usize, g: &mut f32, u: &mut f32) {
     if let Some(b) = b {
-        *g += W::value_at(b, e * 2 * f + j);
-        *u += W::value_at(b, e * 2 * f + f + j);
+        *g += b[e * 2 * f + j];
+        *u += b[e * 2 * f + f + j];
     }
 }
 

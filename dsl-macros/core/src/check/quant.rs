@@ -1,4 +1,4 @@
-//! Rules of the block-quantized weight dtypes (`q8_0`, `q4_0`): their block size, where they are
+//! Rules of the block-quantized weight dtypes (`q8_0`, `q4_0`, `mxfp4`): their block size, where they are
 //! lowered, and that every reduction a weight row is read along is cut on whole blocks.
 
 use super::{Checker, Parsed};
@@ -17,12 +17,26 @@ impl Checker {
             self.errors.push(
                 lit.span(),
                 format!(
-                    "`quant_block: {lit}` sizes the blocks of quantized weights, and this spec declares no quantized dtype (q8_0, q4_0, q8_0_bf16, q4_0_bf16)"
+                    "`quant_block: {lit}` sizes the blocks of quantized weights, and this spec declares no quantized dtype (q8_0, q4_0, mxfp4, q8_0_bf16, q4_0_bf16, mxfp4_bf16)"
                 ),
             );
             return BLOCK;
         }
+        let fixed = p
+            .dtypes
+            .iter()
+            .find_map(|d| Some((d.0, d.0.blocks()?.fixed_block()?)));
         match lit.base10_parse::<usize>() {
+            Ok(n) if fixed.is_some_and(|(_, b)| b != n) => {
+                let (dtype, b) = fixed.expect("checked");
+                self.errors.push(
+                    lit.span(),
+                    format!(
+                        "a quantized block of {n} values: `{dtype}` fixes its block at {b} values (one scale each, as the format defines it); drop `quant_block` or declare {b}"
+                    ),
+                );
+                b
+            }
             Ok(n) if BLOCK_SIZES.contains(&n) => n,
             _ => {
                 let valid: Vec<String> = BLOCK_SIZES.iter().map(|b| b.to_string()).collect();
@@ -59,19 +73,15 @@ impl Checker {
                 ),
             );
         }
-        if let Some(&(_, at)) = p.bias.first() {
-            self.errors.push(
-                at,
-                format!(
-                    "`{dtype}` experts have no bias variant: biases stay f16, bf16 or f32 specs"
-                ),
-            );
-        }
         if let Some(&(_, at)) = p.targets.iter().find(|t| t.0 == Target::Spyre) {
+            let what = match dtype.blocks() {
+                Some(BlockFormat::Mxfp4) => "4-bit float (e2m1)",
+                _ => "integer",
+            };
             self.errors.push(
                 at,
                 format!(
-                    "Spyre cannot run `{dtype}`: its program format states every operand as DL16 or f32 sticks and its matmul multiplies DL16, so there is no integer weight to name (a host that dequantizes first would run a bf16 program, not this one); drop `spyre`, or keep it in a bf16 spec"
+                    "Spyre cannot run `{dtype}`: its program format states every operand as DL16 or f32 sticks and its matmul multiplies DL16, so there is no {what} weight to name (a host that dequantizes first would run a bf16 program, not this one); drop `spyre`, or keep it in a bf16 spec"
                 ),
             );
         }

@@ -100,7 +100,11 @@ fn cpu_fns(k: &Kernel) -> TokenStream {
         if !k.dtypes.iter().any(|d| d.blocks() == Some(format)) {
             return quote!(::moek_kernels::__private::BlockFns::NONE);
         }
-        let ty = quote!(#ty<#groups>);
+        // MXFP4 fixes its block (one scale per 32 values): its type has no group count.
+        let ty = match format.fixed_block() {
+            Some(_) => ty,
+            None => quote!(#ty<#groups>),
+        };
         let f32 = slot(of(moek_ir::DType::F32), ty.clone(), quote!(f32));
         let bf16 = slot(of(moek_ir::DType::Bf16), ty.clone(), quote!(#half::bf16));
         quote!(::moek_kernels::__private::BlockFns::new({
@@ -111,9 +115,10 @@ fn cpu_fns(k: &Kernel) -> TokenStream {
     };
     let q8_0 = quant(moek_ir::BlockFormat::Q8_0, quote!(#q::BlockQ8));
     let q4_0 = quant(moek_ir::BlockFormat::Q4_0, quote!(#q::BlockQ4));
+    let mxfp4 = quant(moek_ir::BlockFormat::Mxfp4, quote!(#q::BlockMxfp4));
     quote! {
         ::moek_kernels::__private::cpu_fns!(::moek_kernels::__private::CpuFns {
-            f16: #f16, bf16: #bf16, f32: #f32, q8_0: #q8_0, q4_0: #q4_0,
+            f16: #f16, bf16: #bf16, f32: #f32, q8_0: #q8_0, q4_0: #q4_0, mxfp4: #mxfp4,
         })
     }
 }
