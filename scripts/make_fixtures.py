@@ -5,13 +5,18 @@
 computes for them: logits of every row and greedy tokens with each step's top-2 margin.
 
     pip install torch transformers safetensors
-    python3 scripts/make_fixtures.py [gemma4] [qwen3]    (both when none is named)
+    python3 scripts/make_fixtures.py [gemma4] [qwen3] [gpt_oss]    (all when none is named)
 
 Qwen3-MoE: tiny random Qwen3MoeForCausalLM checkpoints, one f32 (untied head, the config as
 transformers 5 saves it: `num_local_experts`, `rope_parameters`) and one bf16 (tied head, the
 hub's spellings: `num_experts`, top-level `rope_theta`), each with a dense layer
 (`mlp_only_layers`), per-expert tensors, and for bf16 the gap between transformers' native
 bf16 compute and f32 compute of the same weights (the yardstick the bf16 test is held to).
+
+gpt-oss: tiny random GptOssForCausalLM checkpoints, one f32 (transformers 5's config), one bf16
+(the hub's spellings: `rope_scaling` beside `rope_theta`), and one with its experts in MXFP4 as
+the hub ships them (`*_blocks`/`*_scales`, every other tensor f32), the reference computed by
+transformers from that same file; each with transformers' YaRN frequencies.
 
 Both attention kinds, a prompt longer than the sliding window, MoE on, and norm weights, router
 scales and layer scalars drawn away from their initial 1 (so mistakes in them show).
@@ -237,13 +242,168 @@ def qwen3_write(name, model, dtype, hub_spelling):
     print(name, "greedy", tokens, "min margin", min(margins), "native gap", rel_l2(logits, logits_f32))
 
 
+# OCP MXFP4: e2m1 code -> value (bit 3 the sign); what the gpt-oss checkpoints store.
+FP4 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def mxfp4(w_out_in):
+    """`[..., OUT, IN]` f32 as gpt-oss's `*_blocks` `[..., OUT, IN/32, 16]` (element 2j of a block
+    in byte j's low nibble, 2j+1 in its high) and `*_scales` `[..., OUT, IN/32]` (e8m0, bias
+    127): the smallest power of two putting the block's largest value within 6, each value to
+    the nearest e2m1. Written here, independently of transformers, which then reads it back."""
+    *pre, out, inp = w_out_in.shape
+    g = w_out_in.reshape(*pre, out, inp // 32, 32).float()
+    amax = g.abs().amax(-1)
+    e = torch.where(amax > 0, torch.ceil(torch.log2(amax.clamp_min(1e-30) / 6.0)), torch.zeros_like(amax))
+    e = e.clamp(-127, 128)
+    scaled = g / torch.pow(2.0, e)[..., None]
+    mags = torch.tensor(FP4[:8])
+    code = (scaled.abs()[..., None] - mags).abs().argmin(-1).to(torch.uint8)
+    code = code | torch.where(scaled < 0, 8, 0).to(torch.uint8)
+    blocks = code[..., 0::2] | (code[..., 1::2] << 4)
+    return blocks.contiguous(), (e + 127).to(torch.uint8).contiguous()
+
+
+GPT_OSS_LAYERS = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+
+
+def gpt_oss_build(seed):
+    """A tiny GptOssForCausalLM: H 64, expert width 96 (whole MXFP4 blocks both ways, no square
+    matrix), 4 layers alternating sliding (window 8) and full attention, 8 experts top-2, 4 heads
+    over 2 KV heads of 16, gpt-oss's YaRN (theta 150000, factor 32, beta 32/1, 4096 original
+    positions, no truncation: the ramp falls across this head's pairs 2..4). Biases, sinks and
+    norms drawn away from their initial values; gate/up weights wide enough that the SwiGLU's
+    clamp at 7 is reached; a decisive router; an untied head with margins for greedy tokens."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+    torch.manual_seed(seed)
+    cfg = GptOssConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=len(GPT_OSS_LAYERS),
+        layer_types=GPT_OSS_LAYERS, num_local_experts=8, num_experts_per_tok=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                         "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 4096},
+        max_position_embeddings=1024, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        initializer_range=0.05, pad_token_id=0, bos_token_id=2, eos_token_id=1,
+    )
+    cfg._attn_implementation = "eager"
+    model = GptOssForCausalLM(cfg).to(torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif name.endswith("sinks"):
+                p.normal_(0.0, 1.0)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.3)
+        for layer in model.model.layers:
+            layer.mlp.router.weight.normal_(0.0, 0.3)
+            layer.mlp.experts.gate_up_proj.normal_(0.0, 0.6)
+            layer.mlp.experts.down_proj.normal_(0.0, 0.08)
+        model.model.embed_tokens.weight.normal_(0.0, 0.5)
+        model.lm_head.weight.normal_(0.0, 0.15)
+    if hasattr(model, "set_experts_implementation"):
+        try:
+            model.set_experts_implementation("eager")
+        except Exception:  # noqa: BLE001
+            pass
+    return model
+
+
+def gpt_oss_expected(model, path, ids, dtype, extra):
+    logits, tokens, margins = reference(model, ids)
+    with torch.no_grad():
+        logits_f32 = model.float()(input_ids=ids, use_cache=False).logits[0].float()
+    rotary = model.model.rotary_emb
+    json.dump({
+        "tokens": ids[0].tolist(),
+        "logits": logits.tolist(),
+        "logits_f32_compute": logits_f32.tolist(),
+        "native_gap_rel_l2": rel_l2(logits, logits_f32),
+        "greedy": tokens,
+        "margins": margins,
+        # transformers' own YaRN frequencies and cosine scale for this head.
+        "inv_freq": rotary.inv_freq.float().tolist(),
+        "attention_scaling": float(rotary.attention_scaling),
+        "dtype": str(dtype).replace("torch.", ""),
+        "transformers": __import__("transformers").__version__,
+        "torch": torch.__version__,
+        **extra,
+    }, open(os.path.join(path, "expected.json"), "w"))
+    print(os.path.basename(path), "greedy", tokens, "min margin", min(margins), "native gap",
+          rel_l2(logits, logits_f32))
+
+
+def gpt_oss_write(name, model, dtype, hub_spelling):
+    path = os.path.join(OUT, name)
+    shutil.rmtree(path, ignore_errors=True)
+    model = model.to(dtype)
+    ids = torch.randint(3, model.config.vocab_size, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(7))
+    model.save_pretrained(path, safe_serialization=True)
+    gen = os.path.join(path, "generation_config.json")
+    if os.path.exists(gen):
+        os.remove(gen)
+    cfgp = os.path.join(path, "config.json")
+    c = json.load(open(cfgp))
+    if hub_spelling:
+        # The hub's config.json: `rope_scaling` beside a top-level `rope_theta`,
+        # `experts_per_token` beside `num_experts_per_tok`.
+        rope = c.pop("rope_parameters")
+        c["rope_theta"] = rope.pop("rope_theta")
+        c["rope_scaling"] = rope
+        c["experts_per_token"] = c["num_experts_per_tok"]
+    json.dump(c, open(cfgp, "w"), indent=1)
+    gpt_oss_expected(model.to(dtype), path, ids, dtype, {})
+
+
+def gpt_oss_write_mxfp4(name, model):
+    """The experts in MXFP4 as the hub ships them (`*_blocks`, `*_scales`, output by input),
+    every other tensor f32; the reference is transformers reading that same file
+    (`Mxfp4Config(dequantize=True)`, f32)."""
+    from transformers import GptOssForCausalLM, Mxfp4Config
+    path = os.path.join(OUT, name)
+    shutil.rmtree(path, ignore_errors=True)
+    model.save_pretrained(path, safe_serialization=True)
+    gen = os.path.join(path, "generation_config.json")
+    if os.path.exists(gen):
+        os.remove(gen)
+    st = os.path.join(path, "model.safetensors")
+    tensors = {}
+    for k, v in load_file(st).items():
+        if k.endswith("mlp.experts.gate_up_proj") or k.endswith("mlp.experts.down_proj"):
+            blocks, scales = mxfp4(v.float().transpose(1, 2))
+            tensors[k + "_blocks"], tensors[k + "_scales"] = blocks, scales
+        else:
+            tensors[k] = v
+    save_file(tensors, st, metadata={"format": "pt"})
+    cfgp = os.path.join(path, "config.json")
+    c = json.load(open(cfgp))
+    c["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    json.dump(c, open(cfgp, "w"), indent=1)
+    loaded = GptOssForCausalLM.from_pretrained(path, quantization_config=Mxfp4Config(dequantize=True),
+                                               dtype=torch.float32).eval()
+    loaded.config._attn_implementation = "eager"
+    ids = torch.randint(3, model.config.vocab_size, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(7))
+    # What quantization did to the model: transformers on the blocks against the f32 weights.
+    with torch.no_grad():
+        unquantized = model(input_ids=ids, use_cache=False).logits[0].float()
+        quantized = loaded(input_ids=ids, use_cache=False).logits[0].float()
+    gpt_oss_expected(loaded, path, ids, torch.float32,
+                     {"quantization_rel_l2": rel_l2(quantized, unquantized)})
+
+
 if __name__ == "__main__":
     import sys
     os.makedirs(OUT, exist_ok=True)
-    families = sys.argv[1:] or ["gemma4", "qwen3"]
+    families = sys.argv[1:] or ["gemma4", "qwen3", "gpt_oss"]
     if "gemma4" in families:
         write("tiny-gemma4-moe-f32", build(1), torch.float32, multimodal=False)
         write("tiny-gemma4-moe-bf16", build(2), torch.bfloat16, multimodal=True)
     if "qwen3" in families:
         qwen3_write("tiny-qwen3-moe-f32", qwen3_build(11, tied=False), torch.float32, hub_spelling=False)
         qwen3_write("tiny-qwen3-moe-bf16", qwen3_build(12, tied=True), torch.bfloat16, hub_spelling=True)
+    if "gpt_oss" in families:
+        gpt_oss_write("tiny-gpt-oss-f32", gpt_oss_build(21), torch.float32, hub_spelling=False)
+        gpt_oss_write("tiny-gpt-oss-bf16", gpt_oss_build(28), torch.bfloat16, hub_spelling=True)
+        gpt_oss_write_mxfp4("tiny-gpt-oss-mxfp4", gpt_oss_build(23))

@@ -13,8 +13,8 @@
 //!   weight): `value = 2^(e - 127) * fp4(q)`, `q` an e2m1 nibble (sign, two exponent bits, one
 //!   mantissa bit: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives) and `e` an e8m0 byte (255 is
 //!   NaN). The format fixes the block at 32 values. Its values are `2^(e - 128)` times the
-//!   integers `2 fp4(q)` (at most 12 in magnitude), so the kernels take the same integer dots
-//!   as Q4_0's through a 16-entry table ([`MXFP4_STEPS`]).
+//!   integers `2 fp4(q)` (at most 12 in magnitude, [`MXFP4_STEPS`]), which the kernels widen
+//!   exactly and multiply into an unrounded activation.
 //!
 //! A block of B values is B / 32 *groups* of 32 after its scale, each group laid out as a whole
 //! llama.cpp block's values are (Q4_0: byte `j` of a group holds value `j` in its low nibble and

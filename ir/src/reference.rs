@@ -97,7 +97,6 @@ pub struct Biases<'a> {
     pub down: Option<&'a [f32]>,
 }
 
-
 /// `gated(x . Wg[e] + bg[e], x . Wu[e] + bu[e])` for one token; `gate_up` is `[E, 2F, H]`, gate
 /// rows first; the bias, if any, `[E, 2F]`.
 pub fn expert_gate_up<W: Element>(

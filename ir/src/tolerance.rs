@@ -38,12 +38,9 @@ pub fn unit_roundoff(d: DType) -> f64 {
         // Beside quantized weights, an activation quantized to i8 per block: half a step is
         // 1/254 of the block's largest magnitude.
         // bf16 activations are exact in f32, so they round no further.
-        DType::Q8_0
-        | DType::Q4_0
-        | DType::Q8_0Bf16
-        | DType::Q4_0Bf16
-        | DType::Mxfp4
-        | DType::Mxfp4Bf16 => 1.0 / 254.0,
+        DType::Q8_0 | DType::Q4_0 | DType::Q8_0Bf16 | DType::Q4_0Bf16 => 1.0 / 254.0,
+        // The weights' exact values beside an unrounded activation.
+        DType::Mxfp4 | DType::Mxfp4Bf16 => 2f64.powi(-24),
     }
 }
 
@@ -66,6 +63,9 @@ pub fn tolerance(dtype: DType) -> Tolerance {
         // abs; a wrong block's scale or a swapped nibble moves outputs by O(1) of their scale.
         // The same for f32 and bf16 activations: the reference reads the same values (a bf16
         // is exact in f32) and the variants keep their intermediates in f32.
+        // MXFP4's variants round no activation (the CPU multiplies the exact weights into the
+        // f32 activation, wgpu likewise): f32's accumulation bound.
+        DType::Mxfp4 | DType::Mxfp4Bf16 => tolerance(DType::F32),
         d if d.is_quantized() => Tolerance {
             rel_l2: 4.0 * unit_roundoff(dtype),
             max_abs: 16.0 * unit_roundoff(dtype),

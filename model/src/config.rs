@@ -32,6 +32,7 @@ pub enum Family {
     Gemma4,
     /// `qwen3_moe`.
     Qwen3Moe,
+    GptOss,
 }
 
 impl Family {
@@ -40,10 +41,11 @@ impl Family {
         match v.get("model_type").and_then(Value::as_str) {
             Some("gemma4_text" | "gemma4") => Ok(Family::Gemma4),
             Some("qwen3_moe") => Ok(Family::Qwen3Moe),
+            Some("gpt_oss") => Ok(Family::GptOss),
             other => Err(ConfigError::Invalid {
                 key: "model_type".into(),
                 expected: "a family moek runs: `gemma4_text` or `gemma4` (Gemma-4), `qwen3_moe` \
-                           (Qwen3-MoE)"
+                           (Qwen3-MoE), `gpt_oss` (gpt-oss)"
                     .into(),
                 found: other.map_or("absent".into(), |s| format!("`{s}`")),
             }),

@@ -6,8 +6,8 @@ use crate::ops::to_w;
 use crate::quantized::Stored;
 use moek_kernels::backend::Uploaded;
 use moek_kernels::dispatch::{self, Backend, Choice, DispatchError};
-use moek_kernels::ir::Op;
 use moek_kernels::ir::Target;
+use moek_kernels::ir::reference::Biases;
 use moek_kernels::ir::{Activation, Function};
 use moek_kernels::{Element, Inputs, Registry, Shape};
 use std::sync::Arc;
@@ -52,7 +52,7 @@ impl Kernels {
     pub(crate) fn check_variant<W: Element>(
         &self,
         banks: &Stored<'_, W>,
-        activation: Activation,
+        function: Function,
         shape: &Shape,
     ) -> Result<(), ModelError> {
         let Some(name) = &self.variant else {
@@ -62,7 +62,7 @@ impl Kernels {
         dispatch::choose(
             &self.registry,
             &self.backend,
-            Function::new(Op::ExpertFfn, activation),
+            function,
             banks.dtype(),
             shape,
             Some(name),
@@ -389,9 +389,9 @@ pub(crate) fn run_traced_quantized<Q: Element>(
     )
 }
 
-/// Routed experts over banks stored plain or quantized (one format for both): `x` (`[T, H]`,
-/// f32) rounded to `W` beside plain banks, as it is beside blocks; no biases. Every family's
-/// MoE block runs its experts through this.
+/// Routed experts over banks stored plain or quantized (one format for both), with the
+/// experts' biases if they have them: `x` (`[T, H]`, f32) rounded to `W` beside plain banks, as
+/// it is beside blocks. Every family's MoE block runs its experts through this.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn routed_experts<W: Element>(
     kernels: &Kernels,
@@ -399,7 +399,7 @@ pub(crate) fn routed_experts<W: Element>(
     activation: Activation,
     shape: &Shape,
     (x, idx, weights): (&[f32], &[u32], &[f32]),
-    banks: (&Stored<'_, W>, &Stored<'_, W>),
+    (banks, biases): ((&Stored<'_, W>, &Stored<'_, W>), Biases<'_>),
     out: &mut [f32],
     requested: Option<&str>,
     trace: &mut Vec<Trace>,
@@ -409,26 +409,27 @@ pub(crate) fn routed_experts<W: Element>(
         (idx, weights): (&'a [u32], &'a [f32]),
         gate_up: &'a [Q],
         down: &'a [Q],
+        biases: Biases<'a>,
     ) -> Inputs<'a, Q, A> {
-        Inputs::expert_ffn(x, idx, weights, gate_up, down)
+        Inputs::expert_ffn(x, idx, weights, gate_up, down).with_biases(biases)
     }
     let (b, l, a, routes) = (kernels, layer, activation, (idx, weights));
     match banks {
         (Stored::Plain(gate_up), Stored::Plain(down)) => {
             let xe = to_w::<W>(x);
-            let inputs = inputs(&xe, routes, gate_up, down);
+            let inputs = inputs(&xe, routes, gate_up, down, biases);
             run_traced(b, l, "moe", a, shape, &inputs, out, requested, trace)
         }
         (Stored::Q8_0(gate_up), Stored::Q8_0(down)) => {
-            let inputs = inputs(x, routes, gate_up, down);
+            let inputs = inputs(x, routes, gate_up, down, biases);
             run_traced_quantized(b, l, "moe", a, shape, &inputs, out, requested, trace)
         }
         (Stored::Q4_0(gate_up), Stored::Q4_0(down)) => {
-            let inputs = inputs(x, routes, gate_up, down);
+            let inputs = inputs(x, routes, gate_up, down, biases);
             run_traced_quantized(b, l, "moe", a, shape, &inputs, out, requested, trace)
         }
         (Stored::Mxfp4(gate_up), Stored::Mxfp4(down)) => {
-            let inputs = inputs(x, routes, gate_up, down);
+            let inputs = inputs(x, routes, gate_up, down, biases);
             run_traced_quantized(b, l, "moe", a, shape, &inputs, out, requested, trace)
         }
         (g, d) => unreachable!(

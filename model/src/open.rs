@@ -6,7 +6,7 @@
 use crate::checkpoint::{Checkpoint, LoadError, Residence};
 use crate::config::Family;
 use crate::forward::{Cache, CausalLm, Head, Kernels, ModelError, Trace};
-use crate::{gemma4, qwen3};
+use crate::{gemma4, gpt_oss, qwen3};
 use half::{bf16, f16};
 use moek_kernels::ir::BlockFormat;
 use moek_kernels::ir::{Activation, DType};
@@ -153,6 +153,24 @@ pub const FAMILIES: &[FamilyRow] = &[
             by_dtype!(dtype, W => {
                 let w = qwen3::weights::load_quantized::<W>(ck, &cfg, o.residence(), o.quantize, progress)?;
                 Box::new(qwen3::model::Model::new(cfg, w, o.kernels()))
+            })
+        },
+    },
+    FamilyRow {
+        family: Family::GptOss,
+        dtype_tensor: || vec!["model.embed_tokens.weight".to_string()],
+        layers: |v| Ok(gpt_oss::config::Config::from_json(v)?.layers.len()),
+        eos: |v| Ok(gpt_oss::config::Config::from_json(v)?.eos_token_id),
+        quantized: gpt_oss::weights::quantized_tensor,
+        moe: |v| {
+            let cfg = gpt_oss::config::Config::from_json(v)?;
+            Ok(Some((cfg.moe_shape(1), cfg.activation())))
+        },
+        load: |ck, v, o, dtype, progress| {
+            let cfg = gpt_oss::config::Config::from_json(v)?;
+            by_dtype!(dtype, W => {
+                let w = gpt_oss::weights::load_quantized::<W>(ck, &cfg, o.residence(), o.quantize, progress)?;
+                Box::new(gpt_oss::model::Model::new(cfg, w, o.kernels()))
             })
         },
     },

@@ -157,8 +157,9 @@ pub fn rope(x: &mut [f32], d: usize, positions: &[usize], inv: &[f32]) {
 
 /// Causal attention of `s` new queries (`q` `[s, heads, d]`, positions `qpos`) over `n` keys and
 /// values held by KV head (`k[g]`, `v[g]` `[n, d]`, positions `kpos`), score scale 1, softmax in
-/// f32; a sliding layer sees keys with `0 <= q - k < window`. Both position lists ascend (the
-/// cache appends in order). Returns `[s, heads * d]`.
+/// f32; a sliding layer sees keys with `0 <= q - k < window`; `sinks`, one logit per head, join
+/// each softmax's denominator. Both position lists ascend (the cache appends in order). Returns
+/// `[s, heads * d]`.
 ///
 /// Work goes by KV head and block of query rows, so the heads sharing a KV head read its keys
 /// and values once, as one contiguous run: the block's query rows of all those heads are one
@@ -174,6 +175,7 @@ pub fn attention(
     k: &[Vec<f32>],
     v: &[Vec<f32>],
     kpos: &[usize],
+    sinks: Option<&[f32]>,
 ) -> Vec<f32> {
     let (d, kv, heads) = (shape.head_dim, shape.kv_heads, shape.heads);
     let (s, n) = (qpos.len(), kpos.len());
@@ -230,7 +232,7 @@ pub fn attention(
                         *x = f32::NEG_INFINITY;
                     }
                 }
-                softmax_in_place(row);
+                softmax_beside_sink(row, sinks.map(|s| s[g * group + r % group]));
             }
             let mut o = vec![0f32; rows * d];
             match &vt {
@@ -285,9 +287,16 @@ pub fn softmax(x: &[f32]) -> Vec<f32> {
 /// A flushed term moves a sum over `n` values by at most `n * 2^-64 * max|v|`, while its largest
 /// term is at least `max|v| / n`-sized: far below f32 resolution for any context length.
 pub fn softmax_in_place(x: &mut [f32]) {
+    softmax_beside_sink(x, None);
+}
+
+/// [`softmax_in_place`] with one more logit, `sink`, in the denominator only (gpt-oss's learned
+/// attention sink: the probabilities then sum to less than 1).
+pub fn softmax_beside_sink(x: &mut [f32], sink: Option<f32>) {
     let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let m = sink.map_or(m, |s| m.max(s));
     x.iter_mut().for_each(|v| *v = (*v - m).exp());
-    let sum: f32 = x.iter().sum();
+    let sum: f32 = x.iter().sum::<f32>() + sink.map_or(0.0, |s| (s - m).exp());
     x.iter_mut().for_each(|v| {
         *v /= sum;
         if *v < PROB_FLUSH {
@@ -371,7 +380,7 @@ mod tests {
                         })
                         .collect()
                 };
-                let got = attention(shape, &q, &qpos, &by_head(&k), &by_head(&v), &kpos);
+                let got = attention(shape, &q, &qpos, &by_head(&k), &by_head(&v), &kpos, None);
                 let want = attention_f64(shape, &q, &qpos, &k, &v, &kpos);
                 for (g, w) in got.iter().zip(&want) {
                     assert!(

@@ -1,5 +1,5 @@
 //! Fuzzing what a checkpoint directory holds (docs/reliability.md): mutated config.json of every
-//! family's layouts (Gemma-4's two, Qwen3-MoE's two spellings) and mutated safetensors files, loaded and, where they load, run. Never a
+//! family's layouts (Gemma-4's two, Qwen3-MoE's two spellings, gpt-oss's f32, bf16 and MXFP4) and mutated safetensors files, loaded and, where they load, run. Never a
 //! panic: a refusal is a typed error naming the key, tensor or file.
 
 use moek_kernels::dispatch::Backend;
@@ -21,11 +21,14 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 /// Every family's fixtures: for each, the layout transformers 5 saves and the hub's.
-const FIXTURES: [&str; 4] = [
+const FIXTURES: [&str; 7] = [
     "tiny-gemma4-moe-f32",
     "tiny-gemma4-moe-bf16",
     "tiny-qwen3-moe-f32",
     "tiny-qwen3-moe-bf16",
+    "tiny-gpt-oss-f32",
+    "tiny-gpt-oss-bf16",
+    "tiny-gpt-oss-mxfp4",
 ];
 
 fn config_of(name: &str) -> Value {
@@ -37,6 +40,7 @@ fn config_of(name: &str) -> Value {
 enum AnyConfig {
     Gemma4(Config),
     Qwen3(moek_model::qwen3::config::Config),
+    GptOss(moek_model::gpt_oss::config::Config),
 }
 
 /// `v` read as the family its `model_type` names.
@@ -46,6 +50,9 @@ fn parse(v: &Value) -> Result<AnyConfig, String> {
         Family::Gemma4 => AnyConfig::Gemma4(Config::from_json(v).map_err(e)?),
         Family::Qwen3Moe => {
             AnyConfig::Qwen3(moek_model::qwen3::config::Config::from_json(v).map_err(e)?)
+        }
+        Family::GptOss => {
+            AnyConfig::GptOss(moek_model::gpt_oss::config::Config::from_json(v).map_err(e)?)
         }
     })
 }
@@ -97,6 +104,13 @@ fn run<W: moek_kernels::Element>(ck: &Checkpoint, cfg: AnyConfig) -> Result<(), 
             use moek_model::qwen3;
             let w = qwen3::weights::load::<W>(ck, &cfg, Residence::Mapped, |_| {});
             let m = qwen3::model::Model::new(cfg, w.map_err(|x| e(&x))?, Backend::cpu());
+            m.forward(&tokens, &mut Cache::default(), Head::Last, &mut vec![])
+        }
+        AnyConfig::GptOss(cfg) => {
+            use moek_model::gpt_oss;
+            let w =
+                gpt_oss::weights::load_quantized::<W>(ck, &cfg, Residence::Mapped, None, |_| {});
+            let m = gpt_oss::model::Model::new(cfg, w.map_err(|x| e(&x))?, Backend::cpu());
             m.forward(&tokens, &mut Cache::default(), Head::Last, &mut vec![])
         }
     };

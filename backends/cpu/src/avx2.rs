@@ -342,39 +342,40 @@ pub(crate) unsafe fn dot_q8<const G: usize>(
     })
 }
 
-/// [`sum_segments`] for MXFP4 blocks (one group each): the 16 bytes of nibbles split into low
-/// (values 0..16) and high (16..32) nibbles, each looked up (`vpshufb`) in
-/// [`moek_ir::quant::MXFP4_STEPS`], twice the e2m1 values as i8, then exactly as a Q8 group
-/// ([`dot_q8`]): `vpmaddubsw` with the sign moved onto the activation, `vpmaddwd` against
-/// ones, scaled by the block's `2^(e - 128)` and the activation group's scale into one of
-/// [`CHAINS`] accumulators in turn.
+/// [`sum_segments`] for MXFP4 blocks (one group each) against an f32 activation, the segments
+/// in groups: each block's 16 bytes split into low (values 0..16) and high (16..32) nibbles,
+/// looked up (`vpshufb`) in [`moek_ir::quant::MXFP4_STEPS`] (twice the e2m1 values, as i8),
+/// widened to f32 eight at a time (exact) and multiplied into the activation by four FMAs into a
+/// block sum, which is scaled by the block's `2^(e - 128)` into one of [`CHAINS`] accumulators
+/// in turn; added (0 + 1) + (2 + 3), then the lanes by the fixed tree. The weights are their
+/// exact values and the activation is not rounded: f32 sums only.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_mxfp4(
     row: &[moek_ir::quant::BlockMxfp4],
-    x: &QuantizedActivation,
+    x: &[f32],
     segs: &[(usize, usize)],
     ahead: usize,
 ) -> f32 {
     let n = segs.iter().map(|&(_, e)| e).max().unwrap_or(0);
-    assert!(row.len() >= n && x.scales.len() >= n && x.values.len() >= n * 32);
-    let ones = _mm256_set1_epi16(1);
+    assert!(row.len() >= n && x.len() >= n * 32);
     // SAFETY: the table is 16 bytes.
     let table = unsafe { _mm_loadu_si128(moek_ir::quant::MXFP4_STEPS.as_ptr().cast()) };
     let low = _mm_set1_epi8(0x0f);
     let step = |acc: &mut __m256, b: usize| {
-        // SAFETY: `b < n`: the slices hold group `b`'s lanes (asserted); AVX2 is ours.
+        // SAFETY: `b < n`: the slices hold block `b`'s values (asserted); AVX2 is ours.
         unsafe {
             let blk = row.get_unchecked(b);
             crate::memory::prefetch((blk as *const _ as *const u8).wrapping_add(ahead));
-            let xv = _mm256_loadu_si256(x.values.as_ptr().add(b * 32).cast());
             let qs = _mm_loadu_si128(blk.qs.as_ptr().cast());
             let lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, low));
             let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(qs, 4), low));
-            let q = _mm256_set_m128i(hi, lo);
-            let dot = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q));
-            let sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(dot, ones));
-            let d = _mm256_set1_ps(blk.scale() * *x.scales.get_unchecked(b));
-            *acc = _mm256_fmadd_ps(d, sums, *acc);
+            let w = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+            let xs = x.as_ptr().add(b * 32);
+            let mut s = _mm256_mul_ps(w(lo), _mm256_loadu_ps(xs));
+            s = _mm256_fmadd_ps(w(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(xs.add(8)), s);
+            s = _mm256_fmadd_ps(w(hi), _mm256_loadu_ps(xs.add(16)), s);
+            s = _mm256_fmadd_ps(w(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(xs.add(24)), s);
+            *acc = _mm256_fmadd_ps(_mm256_set1_ps(blk.scale()), s, *acc);
         }
     };
     sum_segments(segs, |s, e| {

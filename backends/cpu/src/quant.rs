@@ -166,28 +166,6 @@ macro_rules! dots {
 dots!(dots_q8, BlockQ8, crate::avx2::dot_q8);
 dots!(dots_q4, BlockQ4, crate::avx2::dot_q4);
 
-/// The row products of MXFP4 blocks (one group each).
-pub fn dots_mxfp4() -> Dots<BlockMxfp4> {
-    Dots {
-        portable: |row, x, groups| {
-            let mut sum = 0f32;
-            for g in groups {
-                let b = &row[g];
-                let q = &x.values[g * GROUP..(g + 1) * GROUP];
-                let dot: i32 = q
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &v)| b.step(i) * i32::from(v))
-                    .sum();
-                sum += b.scale() * x.scales[g] * dot as f32;
-            }
-            sum
-        },
-        #[cfg(target_arch = "x86_64")]
-        avx2: crate::avx2::dot_mxfp4,
-    }
-}
-
 thread_local! {
     /// Each thread's quantized activation, reused from one product to the next.
     static ACTIVATION: RefCell<QuantizedActivation> = RefCell::default();
@@ -216,9 +194,92 @@ macro_rules! quantized_weight {
 
 quantized_weight!(
     [const G: usize] BlockQ8<G>: dots_q8::<G>(),
-    [const G: usize] BlockQ4<G>: dots_q4::<G>(),
-    [] BlockMxfp4: dots_mxfp4()
+    [const G: usize] BlockQ4<G>: dots_q4::<G>()
 );
+
+thread_local! {
+    /// Each thread's activation widened to f32, reused from one MXFP4 product to the next.
+    static WIDE: RefCell<Vec<f32>> = RefCell::default();
+}
+
+/// MXFP4 blocks against the activation in f32, not quantized: the weights' exact values times
+/// the activation's, in f32 sums ([`rows_mxfp4`]). A format shipped with a model is held to the
+/// model's own numbers (its logits within f32 rounding of the dequantized weights'), and
+/// decode, which it serves, is bound by the weights' bytes either way.
+impl Weight for BlockMxfp4 {
+    fn matvec_segments<A: Element>(
+        x: &[A],
+        mat: &[BlockMxfp4],
+        ld: usize,
+        rows: Range<usize>,
+        segs: &[(usize, usize)],
+        out: &mut [f32],
+    ) {
+        WIDE.with_borrow_mut(|xf| {
+            xf.clear();
+            xf.extend(x.iter().map(|v| v.to_f32()));
+            rows_mxfp4(xf, mat, ld, rows, segs, out);
+        });
+    }
+}
+
+/// [`Weight::matvec_segments`] for MXFP4 rows and an f32 activation: per row, the segments (in
+/// values, whole blocks) in order, each a sum over its blocks of `2^(e - 128)` times the block's
+/// steps dotted with the activation.
+pub fn rows_mxfp4(
+    x: &[f32],
+    mat: &[BlockMxfp4],
+    ld: usize,
+    rows: Range<usize>,
+    segs: &[(usize, usize)],
+    out: &mut [f32],
+) {
+    assert_eq!(out.len(), rows.len(), "matvec output length");
+    let k = x.len();
+    assert!(
+        ld.is_multiple_of(GROUP) && k.is_multiple_of(GROUP),
+        "MXFP4 rows of {ld} values, {k} activations: not whole blocks of {GROUP}"
+    );
+    for &(s, e) in segs {
+        assert!(
+            s <= e && e <= k && s % GROUP == 0 && e % GROUP == 0,
+            "segment {s}..{e} of MXFP4 rows is not whole blocks of {GROUP} in 0..{k}"
+        );
+    }
+    let (ldb, kb) = (ld / GROUP, k / GROUP);
+    if let Some(last) = rows.clone().last() {
+        assert!(
+            last * ldb + kb <= mat.len(),
+            "row {last} outside a matrix of {} blocks",
+            mat.len()
+        );
+    }
+    let level = isa();
+    let groups: Vec<(usize, usize)> = segs.iter().map(|&(s, e)| (s / GROUP, e / GROUP)).collect();
+    for (o, j) in out.iter_mut().zip(rows) {
+        let row = &mat[j * ldb..j * ldb + kb];
+        *o = match level {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx | Isa::Avx512Bf16 | Isa::Avx2 => {
+                // SAFETY: the level is checked; the kernel asserts the lengths.
+                unsafe { crate::avx2::dot_mxfp4(row, x, &groups, crate::dot::PREFETCH_AHEAD) }
+            }
+            _ => groups.iter().fold(0f32, |sum, &(s, e)| {
+                sum + row[s..e]
+                    .iter()
+                    .zip(x[s * GROUP..e * GROUP].chunks_exact(GROUP))
+                    .fold(0f32, |acc, (b, xs)| {
+                        let dot: f32 = xs
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &v)| b.step(i) as f32 * v)
+                            .sum();
+                        acc + b.scale() * dot
+                    })
+            }),
+        };
+    }
+}
 
 /// [`Weight::matvec_segments`] for quantized rows and an activation already quantized.
 pub fn rows_q<Q: Element>(
@@ -336,9 +397,27 @@ mod tests {
         matches_dequantized(dots_q4::<8>());
     }
 
+    /// MXFP4 against f64 sums of the dequantized weights and the unrounded activation: f32
+    /// sums apart, nothing is rounded.
     #[test]
     fn mxfp4_rows_match_the_dequantized_sums() {
-        matches_dequantized(dots_mxfp4());
+        let (rows, k) = (5, 19 * GROUP);
+        let w: Vec<BlockMxfp4> = quantize(&values(rows * k, 1));
+        let x = values(k, 2);
+        let wd = dequantize(&w);
+        let segs = [(0, 3 * GROUP), (3 * GROUP, k)];
+        let mut got = vec![0f32; rows];
+        rows_mxfp4(&x, &w, k, 0..rows, &segs, &mut got);
+        for (j, g) in got.iter().enumerate() {
+            let want: f64 = (0..k)
+                .map(|i| f64::from(wd[j * k + i]) * f64::from(x[i]))
+                .sum();
+            assert!(
+                (f64::from(*g) - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "{}: row {j}: {g} vs {want}",
+                isa().name()
+            );
+        }
     }
 
     #[test]

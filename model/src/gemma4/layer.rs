@@ -8,6 +8,7 @@ use crate::forward::{LayerCache, ModelError, Trace, dense_mlp, routed_experts};
 use crate::ops::{self, linear, normed, rms_norm};
 use moek_kernels::Element;
 use moek_kernels::ir::Activation;
+use moek_kernels::ir::reference::Biases;
 
 impl<W: Element> Model<'_, W> {
     /// One decoder layer (docs/gemma4.md); `x` is `[S, H]`.
@@ -83,7 +84,7 @@ impl<W: Element> Model<'_, W> {
             act,
             &shape,
             routes,
-            banks,
+            (banks, Biases::default()),
             &mut m,
             forced,
             trace,
@@ -160,7 +161,7 @@ impl<W: Element> Model<'_, W> {
             head_dim: d,
             window: (layer.attention == Attention::Sliding).then_some(cfg.sliding_window),
         };
-        let o = ops::attention(shape, &q, positions, &cache.k, &cache.v, &cache.pos);
+        let o = ops::attention(shape, &q, positions, &cache.k, &cache.v, &cache.pos, None);
         if layer.attention == Attention::Sliding {
             // Keep the last window - 1 positions: all a later query can see besides itself.
             cache.keep_last(cfg.sliding_window.saturating_sub(1), d);

@@ -10,7 +10,7 @@ use crate::forward::{
     Cache, CausalLm, Head, Kernels, LayerCache, ModelError, Trace, check_tokens, head_rows, step,
 };
 use crate::ops::rms_norm;
-use moek_kernels::ir::Activation;
+use moek_kernels::ir::{Activation, Function, Op};
 use moek_kernels::{Element, Shape};
 
 /// A model ready to run: config, weights and where its kernels run. It is `Sync`: several
@@ -89,8 +89,11 @@ impl<W: Element> Model<'_, W> {
         if let (Some(mw), Some(moe)) = (first_moe, cfg.moe) {
             let shape = self.moe_shape(s, moe);
             let banks = &mw.experts.gate_up_proj;
-            self.kernels
-                .check_variant(banks, Activation::GeluTanh, &shape)?;
+            self.kernels.check_variant(
+                banks,
+                Function::new(Op::ExpertFfn, Activation::GeluTanh),
+                &shape,
+            )?;
         }
         let positions: Vec<usize> = (cache.len..cache.len + s).collect();
         // Embedding, scaled by sqrt(H) cast to the weight dtype (as the reference does).

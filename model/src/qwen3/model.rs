@@ -10,7 +10,8 @@ use crate::forward::{
     head_rows, routed_experts, step,
 };
 use crate::ops::{self, linear, normed, rms_norm};
-use moek_kernels::ir::Activation;
+use moek_kernels::ir::reference::Biases;
+use moek_kernels::ir::{Activation, Function, Op};
 use moek_kernels::{Element, Shape};
 
 /// A Qwen3-MoE model ready to run (see [`crate::gemma4::model::Model`]: the same contract).
@@ -81,8 +82,11 @@ impl<W: Element> Model<'_, W> {
             Feedforward::Dense(_) => None,
         });
         if let Some(banks) = first_moe {
-            self.kernels
-                .check_variant(banks, Activation::Silu, &self.moe_shape(s))?;
+            self.kernels.check_variant(
+                banks,
+                Function::new(Op::ExpertFfn, Activation::Silu),
+                &self.moe_shape(s),
+            )?;
         }
         let positions: Vec<usize> = (cache.len..cache.len + s).collect();
         let mut x: Vec<f32> = tokens
@@ -181,7 +185,7 @@ impl<W: Element> Model<'_, W> {
             act,
             &shape,
             routes,
-            banks,
+            (banks, Biases::default()),
             &mut out,
             forced,
             trace,
@@ -232,7 +236,7 @@ impl<W: Element> Model<'_, W> {
             head_dim: d,
             window: None,
         };
-        let o = ops::attention(heads, &q, positions, &cache.k, &cache.v, &cache.pos);
+        let o = ops::attention(heads, &q, positions, &cache.k, &cache.v, &cache.pos, None);
         linear(&o, s, &a.o_proj, hd, nh * d)
     }
 }
