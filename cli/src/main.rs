@@ -55,7 +55,7 @@ enum Command {
     Logits(commands::run::LogitsArgs),
     /// Generate tokens from a Gemma-4 checkpoint.
     Generate(commands::run::GenerateArgs),
-    /// Write a checkpoint with its expert banks in Q8_0 or Q4_0 blocks.
+    /// Write a checkpoint with its expert banks in Q8_0, Q4_0 or MXFP4 blocks.
     Quantize(commands::quantize::QuantizeArgs),
     /// Measure decode bandwidth and prefill throughput against this machine's floors.
     Bench(commands::bench::BenchArgs),

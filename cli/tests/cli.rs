@@ -730,6 +730,39 @@ fn generate_runs_qwen3_moe_by_its_model_type() {
     );
 }
 
+const GPT_OSS_MXFP4: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../tests/fixtures/tiny-gpt-oss-mxfp4"
+);
+
+/// gpt-oss with its experts in MXFP4 as the hub ships them generates with the same command, and
+/// `--explain` names the variant its experts ran: the biased clamped SwiGLU over MXFP4 blocks.
+#[test]
+fn generate_runs_gpt_oss_mxfp4_by_its_model_type() {
+    let (ok, out, err) = moek(&[
+        "generate",
+        "--model",
+        GPT_OSS_MXFP4,
+        "--tokens",
+        "5,6,7,8,9",
+        "--max-new-tokens",
+        "3",
+        "--greedy",
+        "--explain",
+        "--format",
+        "json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 3);
+    assert!(
+        err.contains(
+            "layer 0 moe (5 tokens): general_expert_ffn_gather_swiglu_biased_quantized on cpu"
+        ),
+        "{err}"
+    );
+}
+
 /// `generation_config.json`'s stop token ends generation through the command: the first token
 /// of the model's own greedy continuation that does not appear before it.
 #[test]

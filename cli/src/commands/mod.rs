@@ -83,7 +83,8 @@ pub enum CommandError {
     Usage(String),
 }
 
-/// A block format as specs spell it (`q8_0`, `q4_0`), the one spelling on the command line too.
+/// A block format as specs spell it (`q8_0`, `q4_0`, `mxfp4`), the one spelling on the command
+/// line too.
 pub fn block_formats() -> impl clap::builder::TypedValueParser<Value = BlockFormat> {
     use clap::builder::TypedValueParser;
     clap::builder::PossibleValuesParser::new(BlockFormat::ALL.iter().map(|b| b.name()))

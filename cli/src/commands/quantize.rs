@@ -1,4 +1,4 @@
-//! `moek quantize --model DIR --dtype q8_0|q4_0 --out DIR2`: the checkpoint, of any family, with
+//! `moek quantize --model DIR --dtype q8_0|q4_0|mxfp4 --out DIR2`: the checkpoint, of any family, with
 //! the tensors its family row names (`open::FamilyRow::quantized`: the expert banks and the
 //! largest matrices) in quantized blocks (`u8` tensors of blocks, the format named in the file's
 //! metadata; every other tensor as it was), which every command loads as it is. The config and
