@@ -67,6 +67,11 @@ pub struct BlockMxfp4 {
     pub qs: [u8; GROUP / 2],
 }
 
+/// The e2m1 value of each nibble (bit 3 the sign).
+pub const E2M1: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
+
 /// Twice the e2m1 value of each nibble: the integers MXFP4 weights are in steps of half their
 /// block's power of two.
 pub const MXFP4_STEPS: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
@@ -216,15 +221,20 @@ impl BlockMxfp4 {
         }
     }
 
-    /// Half the block's power of two, `2^(e - 128)`: the scale of [`MXFP4_STEPS`] (exact in
-    /// f32 for every `e`, subnormal below 2; NaN for `e = 255`). Values times it pass f32's
-    /// range only for `e >= 253` (no trained weight is near 2^125).
-    pub fn scale(&self) -> f32 {
+    /// The block's power of two, `2^(e - 127)`: the scale of [`E2M1`] (exact in f32 for every
+    /// `e`, subnormal at 0; NaN for `e = 255`). Values times it pass f32's range only for
+    /// `e >= 253` (no trained weight is near 2^125).
+    pub fn power(&self) -> f32 {
         match self.e {
             255 => f32::NAN,
-            0 | 1 => f32::from_bits(0x0020_0000 << self.e),
-            e => f32::from_bits(u32::from(e - 1) << 23),
+            0 => f32::from_bits(0x0040_0000),
+            e => f32::from_bits(u32::from(e) << 23),
         }
+    }
+
+    /// Half the block's power of two, `2^(e - 128)`: the scale of [`MXFP4_STEPS`].
+    pub fn scale(&self) -> f32 {
+        self.power() / 2.0
     }
 
     /// Value `i` in steps of the scale.

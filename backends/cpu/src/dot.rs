@@ -225,6 +225,57 @@ pub(crate) mod avx512 {
         if k == F32 { 4 } else { 2 }
     }
 
+    /// [`crate::avx2::dot_mxfp4`] on AVX-512: per block, the low and high nibbles widened to 16
+    /// lanes each (`vpmovzxbd`) index the e2m1 values in one register (`vpermps`: exact f32s),
+    /// two FMAs against the activation make the block's sum, scaled by its `2^(e - 127)` into
+    /// one of [`CHAINS`] accumulators in turn; added (0 + 1) + (2 + 3), then the lanes.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(crate) unsafe fn dot_mxfp4(
+        row: &[moek_ir::quant::BlockMxfp4],
+        x: &[f32],
+        segs: &[(usize, usize)],
+        ahead: usize,
+    ) -> f32 {
+        let n = segs.iter().map(|&(_, e)| e).max().unwrap_or(0);
+        assert!(row.len() >= n && x.len() >= n * 32);
+        // SAFETY: the table is 16 f32s.
+        let table = unsafe { _mm512_loadu_ps(moek_ir::quant::E2M1.as_ptr()) };
+        let low = _mm_set1_epi8(0x0f);
+        let step = |acc: &mut __m512, b: usize| {
+            // SAFETY: `b < n`: the slices hold block `b`'s values (asserted); AVX-512 is ours.
+            unsafe {
+                let blk = row.get_unchecked(b);
+                crate::memory::prefetch((blk as *const _ as *const u8).wrapping_add(ahead));
+                let qs = _mm_loadu_si128(blk.qs.as_ptr().cast());
+                let lo = _mm512_cvtepu8_epi32(_mm_and_si128(qs, low));
+                let hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(qs, 4), low));
+                let xs = x.as_ptr().add(b * 32);
+                let s = _mm512_mul_ps(_mm512_permutexvar_ps(lo, table), _mm512_loadu_ps(xs));
+                let s = _mm512_fmadd_ps(
+                    _mm512_permutexvar_ps(hi, table),
+                    _mm512_loadu_ps(xs.add(16)),
+                    s,
+                );
+                *acc = _mm512_fmadd_ps(_mm512_set1_ps(blk.power()), s, *acc);
+            }
+        };
+        segs.iter().fold(0f32, |sum, &(s, e)| {
+            let mut acc = [_mm512_setzero_ps(); CHAINS];
+            let [a0, a1, a2, a3] = &mut acc;
+            let full = s + (e - s) / CHAINS * CHAINS;
+            for b in (s..full).step_by(CHAINS) {
+                step(a0, b);
+                step(a1, b + 1);
+                step(a2, b + 2);
+                step(a3, b + 3);
+            }
+            for (b, acc) in (full..e).zip([a0, a1, a2]) {
+                step(acc, b);
+            }
+            sum + reduce_chains(acc)
+        })
+    }
+
     /// Accumulator chains per row: consecutive steps go to chains 0, 1, 2, 3 in turn, so a row
     /// read alone is not held to one multiply-add's latency per step (which is slower than the
     /// memory delivers it). The chains are added (0 + 1) + (2 + 3), then the lanes by a fixed tree.

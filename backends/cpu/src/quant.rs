@@ -260,8 +260,15 @@ pub fn rows_mxfp4(
         let row = &mat[j * ldb..j * ldb + kb];
         *o = match level {
             #[cfg(target_arch = "x86_64")]
-            Isa::Amx | Isa::Avx512Bf16 | Isa::Avx2 => {
+            Isa::Amx | Isa::Avx512Bf16 => {
                 // SAFETY: the level is checked; the kernel asserts the lengths.
+                unsafe {
+                    crate::dot::avx512::dot_mxfp4(row, x, &groups, crate::dot::PREFETCH_AHEAD)
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                // SAFETY: as above.
                 unsafe { crate::avx2::dot_mxfp4(row, x, &groups, crate::dot::PREFETCH_AHEAD) }
             }
             _ => groups.iter().fold(0f32, |sum, &(s, e)| {

@@ -5,5 +5,6 @@
 //! as generated kernels through dispatch.
 
 pub mod config;
+pub mod geometry;
 pub mod model;
 pub mod weights;

@@ -82,6 +82,22 @@ pub struct Weights<'c, W: Clone> {
     pub layers: Vec<DecoderLayer<'c, W>>,
 }
 
+impl<W: Element> Weights<'_, W> {
+    /// Bytes of every matrix as stored, biases and norms aside.
+    pub fn bytes(&self) -> usize {
+        let mut stored = self.lm_head.bytes();
+        let mut n = self.embed_tokens.len();
+        for l in &self.layers {
+            let a = &l.self_attn;
+            for p in [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &l.mlp.router] {
+                n += p.weight.len();
+            }
+            stored += l.mlp.experts.gate_up_proj.bytes() + l.mlp.experts.down_proj.bytes();
+        }
+        n * size_of::<W>() + stored
+    }
+}
+
 fn key(s: &str) -> Vec<String> {
     vec![s.to_string()]
 }

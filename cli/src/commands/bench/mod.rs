@@ -55,6 +55,10 @@ pub enum Geometry {
     /// Qwen3-30B-A3B (H 2048, 128 experts of width 768, top-8; untied 151936-row head).
     #[value(name = "qwen3-30b-a3b")]
     Qwen3_30bA3b,
+    /// gpt-oss-20b (H 2880, 32 experts of width 2880, top-4, MXFP4 experts unless `--dtype`
+    /// names another block format; bf16 attention, untied 201088-row head).
+    #[value(name = "gpt-oss-20b")]
+    GptOss20b,
 }
 
 pub fn run(args: &BenchArgs) -> Result<ExitCode, CommandError> {

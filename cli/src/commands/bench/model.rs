@@ -8,6 +8,7 @@ use super::{BenchArgs, Geometry};
 use crate::commands::CommandError;
 use crate::commands::figures::{Format, SAMPLE_PROBE_BYTES, median, median_ratio, print_json};
 use half::bf16;
+use moek_kernels::ir::BlockFormat;
 use moek_model::checkpoint::{Checkpoint, LoadError};
 use moek_model::forward::{Cache, CausalLm, Head, Trace};
 use moek_model::gemma4::model::Model;
@@ -239,7 +240,8 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
             let work = Work::gemma4(&cfg, PROMPT, quant);
             let vocab = cfg.vocab_size;
             let model = Model::new(cfg, weights, args.backend.backend());
-            timed(args, "26b-a4b", layers, &model, vocab, weights_bytes, work)
+            let at = ("26b-a4b", layers, quant);
+            timed(args, at, &model, vocab, weights_bytes, work)
         }
         Geometry::Qwen3_30bA3b => {
             if args.dtype.or(args.quantize).is_some() {
@@ -261,25 +263,38 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
             let work = Work::qwen3(&cfg, PROMPT);
             let vocab = cfg.vocab_size;
             let model = moek_model::qwen3::model::Model::new(cfg, weights, args.backend.backend());
-            timed(
-                args,
-                "qwen3-30b-a3b",
-                layers,
-                &model,
-                vocab,
-                weights_bytes,
-                work,
-            )
+            let at = ("qwen3-30b-a3b", layers, None);
+            timed(args, at, &model, vocab, weights_bytes, work)
+        }
+        Geometry::GptOss20b => {
+            if args.quantize.is_some() || args.from_file.is_some() {
+                return Err(CommandError::Usage(
+                    "gpt-oss-20b is built in memory, its experts drawn straight into blocks: \
+                     `--dtype` names the format (MXFP4 by default); `--from-file` and \
+                     `--quantize` are the 26b-a4b geometry's"
+                        .into(),
+                ));
+            }
+            let experts = args.dtype.unwrap_or(BlockFormat::Mxfp4);
+            let cfg = moek_model::gpt_oss::geometry::gpt_oss_20b(layers);
+            let weights = moek_model::gpt_oss::geometry::weights::<bf16>(&cfg, experts);
+            let weights_bytes = weights.bytes() as u64;
+            let work = Work::gpt_oss(&cfg, PROMPT, experts);
+            let vocab = cfg.vocab_size;
+            let model =
+                moek_model::gpt_oss::model::Model::new(cfg, weights, args.backend.backend());
+            let at = ("gpt-oss-20b", layers, Some(experts));
+            timed(args, at, &model, vocab, weights_bytes, work)
         }
     }
 }
 
-/// Times prefills of a 512-token prompt and decode steps of `model`, each step against the
-/// read bandwidth probed just before it.
+/// Times prefills of a 512-token prompt and decode steps of `model` (at `geometry` with `layers`
+/// layers, its banks in `quantized` blocks if set), each step against the read bandwidth probed
+/// just before it.
 fn timed(
     args: &BenchArgs,
-    geometry: &str,
-    layers: usize,
+    (geometry, layers, quantized): (&str, usize, Option<BlockFormat>),
     model: &impl CausalLm,
     vocab: usize,
     weights_bytes: u64,
@@ -353,7 +368,7 @@ fn timed(
         geometry: geometry.into(),
         layers,
         backend: format!("{backend:?}").to_lowercase(),
-        quantized: args.dtype.or(args.quantize).map(|q| q.to_string()),
+        quantized: quantized.map(|q| q.to_string()),
         weights: args
             .from_file
             .and_then(|r| clap::ValueEnum::to_possible_value(&r))
@@ -451,6 +466,41 @@ impl Work {
 impl Work {
     /// As [`Work::gemma4`] for Qwen3-MoE: per layer GQA attention (q and o of all heads, k and v
     /// of the KV heads), the router and the top-k experts; causal attention over every key.
+    /// gpt-oss: attention with its biases, the router, four experts of three matrices in
+    /// `experts`' blocks (their biases are a few KB), the untied LM head row; prefill attention
+    /// over the visible keys, the window on sliding layers.
+    fn gpt_oss(cfg: &moek_model::gpt_oss::config::Config, s: usize, experts: BlockFormat) -> Work {
+        let (h, e, st) = (cfg.hidden_size as f64, 2.0, s as f64);
+        let (d, kv, nh) = (
+            cfg.head_dim as f64,
+            cfg.num_key_value_heads as f64,
+            cfg.num_attention_heads as f64,
+        );
+        let m = cfg.moe;
+        let block = moek_kernels::ir::quant::BLOCK;
+        let expert_bytes = experts.block_bytes(block) as f64 / block as f64;
+        let attention = 2.0 * nh * d * h + 2.0 * kv * d * h;
+        let experts = (m.num_experts_per_tok * 3 * m.intermediate_size) as f64 * h;
+        let router = m.num_local_experts as f64 * h;
+        let head = cfg.vocab_size as f64 * h;
+        let mut prefill_flops = 2.0 * head;
+        for l in &cfg.layers {
+            let window = match l {
+                moek_model::gpt_oss::config::LayerType::Sliding => cfg.sliding_window,
+                moek_model::gpt_oss::config::LayerType::Full => usize::MAX,
+            };
+            let visible: f64 = (0..s).map(|i| (i + 1).min(window) as f64).sum();
+            prefill_flops += 2.0 * st * (attention + experts + router) + 4.0 * nh * d * visible;
+        }
+        let layers = cfg.layers.len() as f64;
+        Work {
+            prefill_flops,
+            decode_bytes: (head + layers * (attention + router)) * e
+                + layers * experts * expert_bytes,
+            moe_decode_bytes: experts * expert_bytes,
+        }
+    }
+
     fn qwen3(cfg: &moek_model::qwen3::config::Config, s: usize) -> Work {
         let (h, e, st) = (cfg.hidden_size as f64, 2.0, s as f64);
         let (d, kv, nh) = (
