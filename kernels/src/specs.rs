@@ -295,6 +295,34 @@ kernel! {
         cores:      R = 8;
     }
 
+    /// gpt-oss's prefill experts (bf16 or f32 checkpoints), any size: tokens grouped by expert,
+    /// each expert's gate/up and down one GEMM each, biases added to the products.
+    pub general_expert_ffn_grouped_swiglu_biased = expert_ffn {
+        dims:       T = 2.., R, E, H, F;
+        dtypes:     f16, bf16, f32;
+        targets:    cpu;
+        activation: swiglu_clamped(limit = 7.0, alpha = 1.702);
+        bias:       gate_up, down;
+        select:     grouped E by R;
+    }
+
+    /// gpt-oss-20b's decode experts (H 2880, 32 experts of width 2880, top 4) in MXFP4 as
+    /// shipped, or bf16: four route owners, each a route's gate/up and down whole; H read in
+    /// three 960-term blocks (30 MXFP4 blocks each), down in 1024/1024/832 columns.
+    pub gpt_oss_decode_expert_ffn = expert_ffn {
+        dims:            T = 1, R = 4, E = 32, H = 2880, F = 2880;
+        dtypes:          mxfp4, bf16;
+        targets:         cpu, wgpu;
+        activation:      swiglu_clamped(limit = 7.0, alpha = 1.702);
+        bias:            gate_up, down;
+        select:          gather E by R;
+        reduce:          H = 960 x 3;
+        columns:         H = [1024, 1024, 832];
+        cores(gate_up):  R = 4;
+        cores(down):     R = 4;
+        requires:        indexed_selection_layout;
+    }
+
     /// The general prefill fallback with SiLU experts.
     pub general_expert_ffn_grouped_silu = expert_ffn {
         dims:       T = 2.., R, E, H, F;

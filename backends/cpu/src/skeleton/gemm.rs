@@ -1,7 +1,7 @@
 //! The skeletons that multiply activations and weights as GEMM operands, of one element type:
 //! tokens grouped by expert, the persistent loop over experts, the dense MLP.
 
-use super::{Bank, Pair, Routes, blocks, combine_routes, with_pair};
+use super::{Bank, Pair, Routes, add_gate_up_bias, blocks, combine_routes, with_pair};
 use crate::{Element, Grid, Scratch, SharedOut, clip, gemm_nt};
 use moek_ir::DimName::{F, H, T};
 use moek_ir::cpu::Tables;
@@ -206,6 +206,7 @@ fn grouped_with<W: Element>(
     let f_blocks = blocks(&t.reduce_f, f_n);
     let h_cols = blocks(&t.columns_h, h_n);
     let lists = crate::group_by_expert(&routes.idx[..t_n * r_n], e_n);
+    let bias = bank.declared_bias(t);
     let mut ys = vec![0f32; t_n * r_n * h_n];
     {
         let shared = SharedOut::new(&mut ys);
@@ -229,7 +230,9 @@ fn grouped_with<W: Element>(
             for (row, a) in aw.chunks_exact_mut(f_n).enumerate() {
                 let g = &gu[row * 2 * f_n..][..2 * f_n];
                 for (j, a) in a.iter_mut().enumerate() {
-                    *a = W::from_f32(pair(g[j], g[f_n + j]));
+                    let (mut gj, mut uj) = (g[j], g[f_n + j]);
+                    add_gate_up_bias(bias.gate_up, e, f_n, j, &mut gj, &mut uj);
+                    *a = W::from_f32(pair(gj, uj));
                 }
             }
             let mut y = Scratch::<f32>::zeroed(n * h_n);
@@ -238,6 +241,11 @@ fn grouped_with<W: Element>(
                     let (a, w) = (&aw[s0..], &bank_dn[c0 * f_n + s0..]);
                     gemm_nt(a, f_n, w, f_n, &mut y[c0..], h_n, n, c1 - c0, s1 - s0);
                 }
+            }
+            if let Some(b) = bias.down {
+                let b = &b[e * h_n..(e + 1) * h_n];
+                y.chunks_exact_mut(h_n)
+                    .for_each(|row| row.iter_mut().zip(b).for_each(|(v, b)| *v += b));
             }
             for (i, &slot) in slots.iter().enumerate() {
                 // SAFETY: each route slot chose exactly one expert.

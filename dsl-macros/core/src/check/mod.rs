@@ -193,7 +193,8 @@ impl Checker {
 }
 
 impl Checker {
-    /// Biases are lowered for a gathered expert FFN on CPU and wgpu.
+    /// Biases are lowered for a gathered expert FFN (CPU and wgpu) and a grouped one (the CPU,
+    /// the one target of grouped selection).
     fn bias_rules(&mut self, k: &Kernel, p: &Parsed) {
         let Some(&(_, span)) = p.bias.first() else {
             return;
@@ -206,11 +207,11 @@ impl Checker {
                     k.op
                 ),
             );
-        } else if k.schedule.select != Selection::Gather {
+        } else if !matches!(k.schedule.select, Selection::Gather | Selection::Grouped) {
             self.errors.push(
                 span,
                 format!(
-                    "expert biases are emitted for `select: gather` only; `{}` selection has no biased variant yet",
+                    "expert biases are emitted for `select: gather` and `grouped`; `{}` selection has no biased variant yet",
                     k.schedule.select
                 ),
             );

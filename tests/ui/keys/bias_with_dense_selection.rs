@@ -5,7 +5,7 @@ kernel! {
         dims:    T = 2.., R, E, H, F;
         dtypes:  bf16;
         targets: cpu;
-        select:  grouped E by R;
+        select:  dense E;
         bias:    gate_up, down;
     }
 }
