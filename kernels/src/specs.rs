@@ -241,10 +241,10 @@ kernel! {
     }
 
     /// The general expert FFN for quantized expert weights, any size whose rows are whole
-    /// blocks of 32.
+    /// blocks of 32 (Q8_0, Q4_0 beside f32 or bf16 activations; MXFP4 beside f32).
     pub general_expert_ffn_gather_quantized = expert_ffn {
         dims:       T, R, E, H, F;
-        dtypes:     q8_0, q4_0, mxfp4, q8_0_bf16, q4_0_bf16, mxfp4_bf16;
+        dtypes:     q8_0, q4_0, mxfp4, q8_0_bf16, q4_0_bf16;
         targets:    cpu, wgpu;
         select:     gather E by R;
         cores:      R = 8;
@@ -253,7 +253,7 @@ kernel! {
     /// The general quantized expert FFN with SiLU experts (Qwen3-MoE, Mixtral, DeepSeek).
     pub general_expert_ffn_gather_quantized_silu = expert_ffn {
         dims:       T, R, E, H, F;
-        dtypes:     q8_0, q4_0, mxfp4, q8_0_bf16, q4_0_bf16, mxfp4_bf16;
+        dtypes:     q8_0, q4_0, mxfp4, q8_0_bf16, q4_0_bf16;
         targets:    cpu, wgpu;
         activation: silu;
         select:     gather E by R;
@@ -394,11 +394,12 @@ kernel! {
         cores:   V = 32;
     }
 
-    /// The LM head row over an embedding in Q8_0 or Q4_0 blocks (f32 or bf16 hidden row): 32
-    /// vocabulary slices, each row on the CPU an integer dot over 32-value blocks.
+    /// The LM head row over an embedding in Q8_0 or Q4_0 blocks (f32 or bf16 hidden row) or
+    /// MXFP4 (f32): 32 vocabulary slices, each row on the CPU an integer dot over 32-value
+    /// blocks (MXFP4: exact values into the f32 row).
     pub general_lm_head_row_quantized = lm_head_row {
         dims:    T, H, V;
-        dtypes:  q8_0, q4_0, mxfp4, q8_0_bf16, q4_0_bf16, mxfp4_bf16;
+        dtypes:  q8_0, q4_0, mxfp4, q8_0_bf16, q4_0_bf16;
         targets: cpu, wgpu;
         cores:   V = 32;
     }
