@@ -68,6 +68,18 @@ pub fn eos_tokens(v: &Value) -> Option<Vec<u32>> {
 }
 
 /// Each `(key, size)` is at least 1.
+/// `Ok` when `v`'s `model_type` is `name`; else the error naming what it is.
+pub(crate) fn expect_model_type(v: &Value, name: &str) -> Result<(), ConfigError> {
+    match v.get("model_type").and_then(Value::as_str) {
+        Some(t) if t == name => Ok(()),
+        other => Err(ConfigError::Invalid {
+            key: "model_type".into(),
+            expected: format!("`{name}`"),
+            found: other.map_or("absent".into(), |s| format!("`{s}`")),
+        }),
+    }
+}
+
 pub(crate) fn positive(sizes: &[(&str, usize)]) -> Result<(), ConfigError> {
     match sizes.iter().find(|(_, n)| *n == 0) {
         Some(&(key, n)) => Err(invalid(key, "at least 1", &n.into())),

@@ -226,6 +226,27 @@ pub(crate) fn step<R: Send>(
     out
 }
 
+/// Bytes of a KV cache whose `layers` layers each keep every position: a key and a value of
+/// `head_dim` f32s per KV head.
+pub(crate) fn every_position_cache_bytes(
+    layers: usize,
+    positions: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> u64 {
+    (layers * positions * kv_heads * head_dim * 2 * size_of::<f32>()) as u64
+}
+
+/// The rows of `table` (`[V, h]`) for `tokens`, widened to f32 (checked tokens: in the
+/// vocabulary).
+pub(crate) fn embed<W: Element>(table: &[W], tokens: &[u32], h: usize) -> Vec<f32> {
+    tokens
+        .iter()
+        .flat_map(|&t| table[t as usize * h..(t as usize + 1) * h].iter())
+        .map(|&e| e.to_f32())
+        .collect()
+}
+
 /// What every family checks of a forward's tokens before anything changes: there are some, they
 /// fit the context after what `cache` holds, and each is inside the vocabulary.
 pub(crate) fn check_tokens(

@@ -1,5 +1,6 @@
-//! Products of block-quantized weights (Q8_0, Q4_0 at any declared block size:
-//! [`moek_ir::quant`]) with activations, in integer dot products as llama.cpp computes them.
+//! Products of block-quantized weights (Q8_0, Q4_0 at any declared block size, MXFP4:
+//! [`moek_ir::quant`]) with activations; Q8_0 and Q4_0 in integer dot products as llama.cpp
+//! computes them, MXFP4 in f32 against the unrounded activation ([`rows_mxfp4`]).
 //!
 //! The activation is quantized once per product to 8 bits per group of 32 (an f32 scale
 //! `amax / 127` and i8 values, rounded to nearest, ties to even); each group's dot product is
@@ -12,7 +13,7 @@
 //! the weights to f32 and using FMAs: a block is 4 instructions instead of 12 (8 widenings and 4
 //! FMAs), and decode is bound by memory either way, prefill is not.
 //!
-//! The activation's rounding is the only rounding beyond f32 sums: each value moves by at most
+//! For Q8_0 and Q4_0 the activation's rounding is the only rounding beyond f32 sums: each value moves by at most
 //! half a step, `amax / 254` of its block (docs/numerics.md).
 
 use crate::isa::{Isa, isa};
@@ -234,28 +235,8 @@ pub fn rows_mxfp4(
     segs: &[(usize, usize)],
     out: &mut [f32],
 ) {
-    assert_eq!(out.len(), rows.len(), "matvec output length");
-    let k = x.len();
-    assert!(
-        ld.is_multiple_of(GROUP) && k.is_multiple_of(GROUP),
-        "MXFP4 rows of {ld} values, {k} activations: not whole blocks of {GROUP}"
-    );
-    for &(s, e) in segs {
-        assert!(
-            s <= e && e <= k && s % GROUP == 0 && e % GROUP == 0,
-            "segment {s}..{e} of MXFP4 rows is not whole blocks of {GROUP} in 0..{k}"
-        );
-    }
-    let (ldb, kb) = (ld / GROUP, k / GROUP);
-    if let Some(last) = rows.clone().last() {
-        assert!(
-            last * ldb + kb <= mat.len(),
-            "row {last} outside a matrix of {} blocks",
-            mat.len()
-        );
-    }
+    let (ldb, kb, groups) = block_rows::<BlockMxfp4>(x.len(), mat.len(), ld, &rows, segs, out);
     let level = isa();
-    let groups: Vec<(usize, usize)> = segs.iter().map(|&(s, e)| (s / GROUP, e / GROUP)).collect();
     for (o, j) in out.iter_mut().zip(rows) {
         let row = &mat[j * ldb..j * ldb + kb];
         *o = match level {
@@ -288,18 +269,19 @@ pub fn rows_mxfp4(
     }
 }
 
-/// [`Weight::matvec_segments`] for quantized rows and an activation already quantized.
-pub fn rows_q<Q: Element>(
-    x: &QuantizedActivation,
-    mat: &[Q],
+/// Checks a product of rows in blocks of `Q` (`mat`, `blocks` of them, `ld` values a row)
+/// with `k` activation values: whole blocks, segments of whole groups within `0..k`, rows within
+/// the matrix, one output a row. Returns blocks a row, blocks the activation spans, and the
+/// segments in groups.
+fn block_rows<Q: Element>(
+    k: usize,
+    blocks: usize,
     ld: usize,
-    rows: Range<usize>,
+    rows: &Range<usize>,
     segs: &[(usize, usize)],
-    out: &mut [f32],
-    dots: Dots<Q>,
-) {
+    out: &[f32],
+) -> (usize, usize, Vec<(usize, usize)>) {
     assert_eq!(out.len(), rows.len(), "matvec output length");
-    let k = x.values.len();
     let block = Q::VALUES;
     assert!(
         ld.is_multiple_of(block) && k.is_multiple_of(block),
@@ -314,14 +296,28 @@ pub fn rows_q<Q: Element>(
     let (ldb, kb) = (ld / block, k / block);
     if let Some(last) = rows.clone().last() {
         assert!(
-            last * ldb + kb <= mat.len(),
-            "row {last} outside a matrix of {} blocks",
-            mat.len()
+            last * ldb + kb <= blocks,
+            "row {last} outside a matrix of {blocks} blocks"
         );
     }
+    let groups = segs.iter().map(|&(s, e)| (s / GROUP, e / GROUP)).collect();
+    (ldb, kb, groups)
+}
+
+/// [`Weight::matvec_segments`] for quantized rows and an activation already quantized.
+pub fn rows_q<Q: Element>(
+    x: &QuantizedActivation,
+    mat: &[Q],
+    ld: usize,
+    rows: Range<usize>,
+    segs: &[(usize, usize)],
+    out: &mut [f32],
+    dots: Dots<Q>,
+) {
+    let k = x.values.len();
+    let (ldb, kb, groups) = block_rows::<Q>(k, mat.len(), ld, &rows, segs, out);
     let level = isa();
     let ahead = crate::dot::PREFETCH_AHEAD;
-    let groups: Vec<(usize, usize)> = segs.iter().map(|&(s, e)| (s / GROUP, e / GROUP)).collect();
     for (o, j) in out.iter_mut().zip(rows) {
         let row = &mat[j * ldb..j * ldb + kb];
         *o = match level {

@@ -3,7 +3,7 @@
 //! (`rope_parameters` holding the theta). Fields carry config.json's key names.
 
 pub use crate::config::ConfigError;
-use crate::config::{Reader, eos_tokens, invalid, positive};
+use crate::config::{Reader, eos_tokens, expect_model_type, invalid, positive};
 use serde_json::Value;
 use std::path::Path;
 
@@ -115,16 +115,7 @@ impl Config {
     }
 
     pub fn from_json(v: &Value) -> Result<Config, ConfigError> {
-        match v.get("model_type").and_then(Value::as_str) {
-            Some("gpt_oss") => {}
-            other => {
-                return Err(ConfigError::Invalid {
-                    key: "model_type".into(),
-                    expected: "`gpt_oss`".into(),
-                    found: other.map_or("absent".into(), |s| format!("`{s}`")),
-                });
-            }
-        }
+        expect_model_type(v, "gpt_oss")?;
         let r = Reader(v);
         refuse(&r)?;
         let hidden = r.usize("hidden_size")?;

@@ -4,7 +4,7 @@
 //! by name.
 
 pub use crate::config::ConfigError;
-use crate::config::{Reader, eos_tokens, invalid, positive};
+use crate::config::{Reader, eos_tokens, expect_model_type, invalid, positive};
 use crate::ops::Rope;
 use serde_json::Value;
 use std::path::Path;
@@ -68,16 +68,7 @@ impl Config {
     }
 
     pub fn from_json(v: &Value) -> Result<Config, ConfigError> {
-        match v.get("model_type").and_then(Value::as_str) {
-            Some("qwen3_moe") => {}
-            other => {
-                return Err(ConfigError::Invalid {
-                    key: "model_type".into(),
-                    expected: "`qwen3_moe`".into(),
-                    found: other.map_or("absent".into(), |s| format!("`{s}`")),
-                });
-            }
-        }
+        expect_model_type(v, "qwen3_moe")?;
         let r = Reader(v);
         refuse(&r)?;
         let hidden = r.usize("hidden_size")?;

@@ -6,8 +6,8 @@
 use super::config::Config;
 use super::weights::{DecoderLayer, Feedforward, SparseMoe, Weights};
 use crate::forward::{
-    Cache, CausalLm, Head, Kernels, LayerCache, ModelError, Trace, check_tokens, dense_mlp,
-    head_rows, routed_experts, step,
+    Cache, CausalLm, Head, Kernels, LayerCache, ModelError, Trace, check_tokens, dense_mlp, embed,
+    every_position_cache_bytes, head_rows, routed_experts, step,
 };
 use crate::ops::{self, linear, normed, rms_norm};
 use moek_kernels::ir::reference::Biases;
@@ -45,11 +45,9 @@ impl<W: Element> CausalLm for Model<'_, W> {
         self.cfg.max_position_embeddings
     }
 
-    /// Every layer keeps every position: a key and a value of `head_dim` f32s per KV head.
     fn cache_bytes(&self, positions: usize) -> u64 {
         let c = &self.cfg;
-        (c.layers.len() * positions * c.num_key_value_heads * c.head_dim * 2 * size_of::<f32>())
-            as u64
+        every_position_cache_bytes(c.layers.len(), positions, c.num_key_value_heads, c.head_dim)
     }
 
     fn forward(
@@ -89,11 +87,7 @@ impl<W: Element> Model<'_, W> {
             )?;
         }
         let positions: Vec<usize> = (cache.len..cache.len + s).collect();
-        let mut x: Vec<f32> = tokens
-            .iter()
-            .flat_map(|&t| self.weights.embed_tokens[t as usize * h..(t as usize + 1) * h].iter())
-            .map(|&e| Element::to_f32(e))
-            .collect();
+        let mut x = embed(&self.weights.embed_tokens, tokens, h);
         if cache.layers.is_empty() {
             cache.layers = vec![LayerCache::default(); cfg.layers.len()];
         }
