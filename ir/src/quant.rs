@@ -210,6 +210,22 @@ impl<const G: usize> Element for BlockQ4<G> {
     }
 }
 
+/// `2^(e - 127)` for every e8m0 scale byte `e` (subnormal at 0, NaN at 255): a kernel loads a
+/// block's power of two from here (one broadcast from memory) instead of building it from bits.
+pub static E8M0_POWERS: [f32; 256] = {
+    let mut t = [0f32; 256];
+    let mut e = 0;
+    while e < 256 {
+        t[e] = match e {
+            255 => f32::NAN,
+            0 => f32::from_bits(0x0040_0000),
+            e => f32::from_bits((e as u32) << 23),
+        };
+        e += 1;
+    }
+    t
+};
+
 impl BlockMxfp4 {
     /// Value `i`'s nibble.
     pub fn nibble(&self, i: usize) -> u8 {
@@ -225,11 +241,7 @@ impl BlockMxfp4 {
     /// `e`, subnormal at 0; NaN for `e = 255`). Values times it pass f32's range only for
     /// `e >= 253` (no trained weight is near 2^125).
     pub fn power(&self) -> f32 {
-        match self.e {
-            255 => f32::NAN,
-            0 => f32::from_bits(0x0040_0000),
-            e => f32::from_bits(u32::from(e) << 23),
-        }
+        E8M0_POWERS[usize::from(self.e)]
     }
 
     /// Half the block's power of two, `2^(e - 128)`: the scale of [`MXFP4_STEPS`].
@@ -271,27 +283,32 @@ impl Element for BlockMxfp4 {
         };
         // In halves of the power of two, as the steps are; in f64, where 2^(128 - e) is finite.
         let inv = 2f64.powi(128 - i32::from(e));
-        let q = |v: f32| -> u8 {
-            let x = f64::from(v) * inv;
-            let mut best = 0u8;
-            for n in 0..16u8 {
-                let (d, db) = (
-                    (x - f64::from(MXFP4_STEPS[usize::from(n)])).abs(),
-                    (x - f64::from(MXFP4_STEPS[usize::from(best)])).abs(),
-                );
-                // Nearest; on a tie the even index (even mantissa), and +0 before -0.
-                if d < db || (d == db && n % 2 == 0 && best % 2 == 1) {
-                    best = n;
-                }
-            }
-            best
-        };
+        let q = |v: f32| mxfp4_nearest(f64::from(v) * inv);
         const HALF: usize = GROUP / 2;
         for (j, byte) in b.qs.iter_mut().enumerate() {
             *byte = q(values[j]) | (q(values[j + HALF]) << 4);
         }
         b
     }
+}
+
+/// The nibble of the step ([`MXFP4_STEPS`]) nearest `x`, ties to the even mantissa (the even
+/// nibble), magnitudes past 12 clipped, zero as +0; a NaN or infinity gives +0. Each
+/// magnitude code is the number of midpoints between steps that `|x|` passes, a tie passing
+/// the midpoint only where the step above has the even code.
+pub fn mxfp4_nearest(x: f64) -> u8 {
+    if !x.is_finite() {
+        return 0;
+    }
+    let a = x.abs();
+    let code = u8::from(a > 0.5)
+        + u8::from(a >= 1.5)
+        + u8::from(a > 2.5)
+        + u8::from(a >= 3.5)
+        + u8::from(a > 5.0)
+        + u8::from(a >= 7.0)
+        + u8::from(a > 10.0);
+    if code > 0 && x < 0.0 { code | 8 } else { code }
 }
 
 /// `values` (a whole number of blocks) in blocks of `Q`.
@@ -318,6 +335,30 @@ pub fn dequantize<Q: Element>(blocks: &[Q]) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The nearest step by search over all sixteen, ties to the even nibble and +0 first.
+    fn nearest_by_search(x: f64) -> u8 {
+        let mut best = 0u8;
+        for n in 0..16u8 {
+            let d = |i: u8| (x - f64::from(MXFP4_STEPS[usize::from(i)])).abs();
+            if d(n) < d(best) || (d(n) == d(best) && n % 2 == 0 && best % 2 == 1) {
+                best = n;
+            }
+        }
+        best
+    }
+
+    #[test]
+    fn mxfp4_nearest_is_the_nearest_step_ties_to_even() {
+        // Every midpoint and step, just beside each, and a sweep past the largest step.
+        let mut xs: Vec<f64> = (0..=60).map(|i| f64::from(i) * 0.25).collect();
+        xs.extend((0..4000).map(|i| f64::from(i) * 0.0043 - 0.3));
+        let beside: Vec<f64> = xs.iter().flat_map(|&x| [x - 1e-9, x + 1e-9]).collect();
+        xs.extend(beside);
+        for x in xs.iter().flat_map(|&x| [x, -x]) {
+            assert_eq!(mxfp4_nearest(x), nearest_by_search(x), "x = {x}");
+        }
+    }
 
     fn ramp(seed: u32) -> Vec<f32> {
         ramp_of(BLOCK, seed)

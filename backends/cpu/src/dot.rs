@@ -225,8 +225,9 @@ pub(crate) mod avx512 {
         if k == F32 { 4 } else { 2 }
     }
 
-    /// [`crate::avx2::dot_mxfp4`] on AVX-512: per block, the low and high nibbles widened to 16
-    /// lanes each (`vpmovzxbd`) index the e2m1 values in one register (`vpermps`: exact f32s),
+    /// [`crate::avx2::dot_mxfp4`] on AVX-512: per block, the 16 bytes widened to 16 lanes once
+    /// (`vpmovzxbd`) index the e2m1 values in one register by their low nibbles and, shifted,
+    /// by their high ones (`vpermps`, which reads four index bits: exact f32s),
     /// two FMAs against the activation make the block's sum, scaled by its `2^(e - 127)` into
     /// one of [`CHAINS`] accumulators in turn; added (0 + 1) + (2 + 3), then the lanes.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
@@ -240,23 +241,25 @@ pub(crate) mod avx512 {
         assert!(row.len() >= n && x.len() >= n * 32);
         // SAFETY: the table is 16 f32s.
         let table = unsafe { _mm512_loadu_ps(moek_ir::quant::E2M1.as_ptr()) };
-        let low = _mm_set1_epi8(0x0f);
+        let powers = &moek_ir::quant::E8M0_POWERS;
         let step = |acc: &mut __m512, b: usize| {
             // SAFETY: `b < n`: the slices hold block `b`'s values (asserted); AVX-512 is ours.
             unsafe {
                 let blk = row.get_unchecked(b);
                 crate::memory::prefetch((blk as *const _ as *const u8).wrapping_add(ahead));
-                let qs = _mm_loadu_si128(blk.qs.as_ptr().cast());
-                let lo = _mm512_cvtepu8_epi32(_mm_and_si128(qs, low));
-                let hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(qs, 4), low));
+                // Byte `j` in lane `j`: its low nibble is value `j`, its high one `j + 16`.
+                // `vpermps` reads only an index's low four bits, so no mask is needed.
+                let bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.qs.as_ptr().cast()));
+                let hi = _mm512_srli_epi32::<4>(bytes);
                 let xs = x.as_ptr().add(b * 32);
-                let s = _mm512_mul_ps(_mm512_permutexvar_ps(lo, table), _mm512_loadu_ps(xs));
+                let s = _mm512_mul_ps(_mm512_permutexvar_ps(bytes, table), _mm512_loadu_ps(xs));
                 let s = _mm512_fmadd_ps(
                     _mm512_permutexvar_ps(hi, table),
                     _mm512_loadu_ps(xs.add(16)),
                     s,
                 );
-                *acc = _mm512_fmadd_ps(_mm512_set1_ps(blk.power()), s, *acc);
+                let power = *powers.get_unchecked(usize::from(blk.e));
+                *acc = _mm512_fmadd_ps(_mm512_set1_ps(power), s, *acc);
             }
         };
         segs.iter().fold(0f32, |sum, &(s, e)| {

@@ -71,70 +71,78 @@ pub fn run(
     let seed = testing::fresh_seeds(1)[0];
     let mut cases = Cases::default();
     let mut not_run = 0;
-    // Specs of one op and size run together, so the random cases they share (a few GB each at
-    // these sizes; `Cases` keeps three) are drawn once; declaration order within a size.
-    let mut entries: Vec<_> = registry
+    // Rows that read the same random case run one after another, so each case (a few GB at
+    // these sizes; `Cases` keeps two or three) is drawn once: by op, the size it runs at and
+    // the weights' storage (a block format's f32 and bf16 activations share one case), then
+    // spec declaration order.
+    let mut rows = vec![];
+    for entry in registry
         .entries()
         .filter(|e| filter.is_none_or(|f| e.name().contains(f)))
-        .collect();
-    entries.sort_by_key(|e| {
-        let s = geometry::real_shape(e.ir());
-        (e.ir().op as u8, [s.t, s.r, s.e, s.h, s.f, s.v])
-    });
-    for entry in entries {
+    {
         let k = entry.ir();
-        let shape = geometry::real_shape(k);
+        let full_shape = geometry::real_shape(k);
         for backend in backends.iter().filter(|b| k.targets.contains(&b.target)) {
+            let cut = (!full)
+                .then(|| testing::cpu_driver_shape(backend.target, &full_shape))
+                .flatten();
             for &dtype in &k.dtypes {
-                if backend.target == Target::Wgpu && adapter.is_err() {
-                    println!(
-                        "{:<44} {:<9} {:<31} no adapter: not run",
-                        format!("{} [wgpu]", k.name),
-                        dtype.to_string(),
-                        moek_kernels::inputs::describe(k.op, &shape),
-                    );
-                    continue;
-                }
-                let full_shape = shape;
-                let cut = (!full)
-                    .then(|| testing::cpu_driver_shape(backend.target, &shape))
-                    .flatten();
-                let shape = cut.unwrap_or(shape);
-                // What dispatch serves a caller asking for this spec's function (op, activation,
-                // optional tensors) stored as it stores it, at this size.
-                let storage = moek_kernels::ir::Storage::new(dtype, k.quant_block);
-                let chosen =
-                    dispatch::choose(registry, backend, k.function(), storage, &shape, None)
-                        .map_or_else(|e| format!("none ({e})"), |c| c.kernel);
-                let report = match cases.run(entry, backend.target, dtype, &shape, seed) {
-                    Ok(report) => report,
-                    Err(why) => {
-                        // A wgpu device that cannot run the program (too few bindings) is not
-                        // a numerical failure; any other backend's refusal is a bug here.
-                        let device = backend.target == Target::Wgpu;
-                        println!(
-                            "{:<44} {:<9} {:<31} {}: {why}",
-                            format!("{} [{}]", k.name, backend.target),
-                            dtype.to_string(),
-                            moek_kernels::inputs::describe(k.op, &shape),
-                            if device { "not run" } else { "FAILED to run" }
-                        );
-                        not_run += usize::from(device);
-                        failed += usize::from(!device);
-                        continue;
-                    }
-                };
-                failed += usize::from(!report.passed());
-                print_row(&report, &chosen);
-                if cut.is_some() {
-                    println!(
-                        "{:<44} run at {}, not the spec's {}: this wgpu adapter is a CPU driver (`--full` runs it)",
-                        "",
-                        moek_kernels::inputs::describe(k.op, &shape),
-                        moek_kernels::inputs::describe(k.op, &full_shape),
-                    );
-                }
+                rows.push((entry, backend, dtype, full_shape, cut));
             }
+        }
+    }
+    rows.sort_by_key(|&(entry, _, dtype, full_shape, cut)| {
+        let s = cut.unwrap_or(full_shape);
+        let weights = match dtype.blocks() {
+            Some(format) => (1, format as u8, entry.ir().quant_block),
+            None => (0, dtype as u8, 1),
+        };
+        (entry.ir().op as u8, [s.t, s.r, s.e, s.h, s.f, s.v], weights)
+    });
+    for (entry, backend, dtype, full_shape, cut) in rows {
+        let k = entry.ir();
+        if backend.target == Target::Wgpu && adapter.is_err() {
+            println!(
+                "{:<44} {:<9} {:<31} no adapter: not run",
+                format!("{} [wgpu]", k.name),
+                dtype.to_string(),
+                moek_kernels::inputs::describe(k.op, &full_shape),
+            );
+            continue;
+        }
+        let shape = cut.unwrap_or(full_shape);
+        // What dispatch serves a caller asking for this spec's function (op, activation,
+        // optional tensors) stored as it stores it, at this size.
+        let storage = moek_kernels::ir::Storage::new(dtype, k.quant_block);
+        let chosen = dispatch::choose(registry, backend, k.function(), storage, &shape, None)
+            .map_or_else(|e| format!("none ({e})"), |c| c.kernel);
+        let report = match cases.run(entry, backend.target, dtype, &shape, seed) {
+            Ok(report) => report,
+            Err(why) => {
+                // A wgpu device that cannot run the program (too few bindings) is not a
+                // numerical failure; any other backend's refusal is a bug here.
+                let device = backend.target == Target::Wgpu;
+                println!(
+                    "{:<44} {:<9} {:<31} {}: {why}",
+                    format!("{} [{}]", k.name, backend.target),
+                    dtype.to_string(),
+                    moek_kernels::inputs::describe(k.op, &shape),
+                    if device { "not run" } else { "FAILED to run" }
+                );
+                not_run += usize::from(device);
+                failed += usize::from(!device);
+                continue;
+            }
+        };
+        failed += usize::from(!report.passed());
+        print_row(&report, &chosen);
+        if cut.is_some() {
+            println!(
+                "{:<44} run at {}, not the spec's {}: this wgpu adapter is a CPU driver (`--full` runs it)",
+                "",
+                moek_kernels::inputs::describe(k.op, &shape),
+                moek_kernels::inputs::describe(k.op, &full_shape),
+            );
         }
     }
     println!("seed {seed}; tolerances: moek_ir::tolerance (docs/numerics.md)");

@@ -27,10 +27,17 @@ impl<Q: Element> QuantCase<Q> {
         // variant); the biases stay f32.
         let blocks: Vec<Vec<Q>> = drawn
             .params
-            .par_iter()
+            .iter()
             .map(|p| {
-                let values: Vec<f32> = p.iter().map(|v| v.to_f32()).collect();
-                quant::quantize(&values)
+                // A block at a time from the bf16 values: no f32 copy of the whole weight.
+                p.par_chunks(Q::VALUES)
+                    .map(|vs| {
+                        let mut values = [0f32; quant::BLOCK_SIZES[3]];
+                        let values = &mut values[..vs.len()];
+                        values.iter_mut().zip(vs).for_each(|(o, v)| *o = v.to_f32());
+                        Q::quantize(values)
+                    })
+                    .collect()
             })
             .collect();
         let exact = Case::<f32> {
@@ -40,7 +47,7 @@ impl<Q: Element> QuantCase<Q> {
             idx: vec![],
             weights: vec![],
             act: vec![],
-            params: blocks.par_iter().map(|b| quant::dequantize(b)).collect(),
+            params: blocks.iter().map(|b| dequantized(b)).collect(),
             f32_params: drawn.f32_params.clone(),
             softcap: drawn.softcap,
             optional: Optionals::NONE,
@@ -187,4 +194,13 @@ impl<Q: Element> Drawn for QuantCase<Q> {
     fn quantization(&self, _: Activation, _: u64) -> Option<Deviation> {
         Some(self.format_error)
     }
+}
+
+/// The exact values of `blocks`, in parallel.
+fn dequantized<Q: Element>(blocks: &[Q]) -> Vec<f32> {
+    let mut out = vec![0f32; blocks.len() * Q::VALUES];
+    out.par_chunks_mut(Q::VALUES)
+        .zip(blocks)
+        .for_each(|(o, b)| b.dequantize(o));
+    out
 }
