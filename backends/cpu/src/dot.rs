@@ -225,37 +225,62 @@ pub(crate) mod avx512 {
         if k == F32 { 4 } else { 2 }
     }
 
-    /// [`crate::avx2::dot_mxfp4`] on AVX-512: per block, the 16 bytes widened to 16 lanes once
-    /// (`vpmovzxbd`) index the e2m1 values in one register by their low nibbles and, shifted,
-    /// by their high ones (`vpermps`, which reads four index bits: exact f32s),
-    /// two FMAs against the activation make the block's sum, scaled by its `2^(e - 127)` into
-    /// one of [`CHAINS`] accumulators in turn; added (0 + 1) + (2 + 3), then the lanes.
+    /// The value of a block's 32 that lane `i` of [`dot_mxfp4`]'s low (`i < 16`) or high
+    /// (`i >= 16`) half holds: byte `4 (i % 4) + i / 4`'s nibble.
+    const fn mxfp4_lane_value(i: usize) -> usize {
+        (i / 16) * 16 + 4 * (i % 4) + (i % 16) / 4
+    }
+
+    /// One block's 32 activation values in [`dot_mxfp4`]'s lanes, on whole cache lines (a
+    /// load that splits two lines costs two).
+    #[derive(Clone, Copy, Debug)]
+    #[repr(C, align(64))]
+    pub(crate) struct Mxfp4Lanes([f32; 32]);
+
+    /// `x` (whole blocks of 32) reordered into [`dot_mxfp4`]'s lanes, into `lanes`: once per
+    /// product, shared by every row.
+    pub(crate) fn mxfp4_lane_order(x: &[f32], lanes: &mut Vec<Mxfp4Lanes>) {
+        lanes.clear();
+        lanes.extend(
+            x.chunks_exact(32)
+                .map(|block| Mxfp4Lanes(std::array::from_fn(|i| block[mxfp4_lane_value(i)]))),
+        );
+    }
+
+    /// [`crate::avx2::dot_mxfp4`] on AVX-512 against an activation in lane order
+    /// ([`mxfp4_lane_order`]): per block, its 16 bytes broadcast to the four 128-bit lanes (a
+    /// load, no shuffle) and shifted per 32-bit lane (`vpsrlvd`) so that lane `i`'s low four
+    /// bits are value [`mxfp4_lane_value`]`(i)`'s nibble, which indexes the e2m1 values in one
+    /// register (`vpermps` reads four index bits: exact f32s); a shift by four more gives the
+    /// high half. Two FMAs against the activation make the block's sum, scaled by its
+    /// `2^(e - 127)` (a broadcast from [`moek_ir::quant::E8M0_POWERS`]) into one of [`CHAINS`]
+    /// accumulators in turn; added (0 + 1) + (2 + 3), then the lanes. Two shuffles a block.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub(crate) unsafe fn dot_mxfp4(
         row: &[moek_ir::quant::BlockMxfp4],
-        x: &[f32],
+        x: &[Mxfp4Lanes],
         segs: &[(usize, usize)],
         ahead: usize,
     ) -> f32 {
         let n = segs.iter().map(|&(_, e)| e).max().unwrap_or(0);
-        assert!(row.len() >= n && x.len() >= n * 32);
+        assert!(row.len() >= n && x.len() >= n);
         // SAFETY: the table is 16 f32s.
         let table = unsafe { _mm512_loadu_ps(moek_ir::quant::E2M1.as_ptr()) };
+        let low_shift = _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24);
+        let high_shift = _mm512_add_epi32(low_shift, _mm512_set1_epi32(4));
         let powers = &moek_ir::quant::E8M0_POWERS;
         let step = |acc: &mut __m512, b: usize| {
             // SAFETY: `b < n`: the slices hold block `b`'s values (asserted); AVX-512 is ours.
             unsafe {
                 let blk = row.get_unchecked(b);
-                crate::memory::prefetch((blk as *const _ as *const u8).wrapping_add(ahead));
-                // Byte `j` in lane `j`: its low nibble is value `j`, its high one `j + 16`.
-                // `vpermps` reads only an index's low four bits, so no mask is needed.
-                let bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.qs.as_ptr().cast()));
-                let hi = _mm512_srli_epi32::<4>(bytes);
-                let xs = x.as_ptr().add(b * 32);
-                let s = _mm512_mul_ps(_mm512_permutexvar_ps(bytes, table), _mm512_loadu_ps(xs));
+                let bytes = _mm512_broadcast_i32x4(_mm_loadu_si128(blk.qs.as_ptr().cast()));
+                let lo = _mm512_srlv_epi32(bytes, low_shift);
+                let hi = _mm512_srlv_epi32(bytes, high_shift);
+                let xs = x.get_unchecked(b).0.as_ptr();
+                let s = _mm512_mul_ps(_mm512_permutexvar_ps(lo, table), _mm512_load_ps(xs));
                 let s = _mm512_fmadd_ps(
                     _mm512_permutexvar_ps(hi, table),
-                    _mm512_loadu_ps(xs.add(16)),
+                    _mm512_load_ps(xs.add(16)),
                     s,
                 );
                 let power = *powers.get_unchecked(usize::from(blk.e));
@@ -267,6 +292,13 @@ pub(crate) mod avx512 {
             let [a0, a1, a2, a3] = &mut acc;
             let full = s + (e - s) / CHAINS * CHAINS;
             for b in (s..full).step_by(CHAINS) {
+                // One prefetch a cache line (four blocks are 68 bytes), not one a block.
+                crate::memory::prefetch(
+                    row.as_ptr()
+                        .wrapping_add(b)
+                        .cast::<u8>()
+                        .wrapping_add(ahead),
+                );
                 step(a0, b);
                 step(a1, b + 1);
                 step(a2, b + 2);

@@ -201,6 +201,9 @@ quantized_weight!(
 thread_local! {
     /// Each thread's activation widened to f32, reused from one MXFP4 product to the next.
     static WIDE: RefCell<Vec<f32>> = RefCell::default();
+    /// Each thread's f32 activation in the AVX-512 MXFP4 kernel's lane order.
+    #[cfg(target_arch = "x86_64")]
+    static LANES: RefCell<Vec<crate::dot::avx512::Mxfp4Lanes>> = RefCell::default();
 }
 
 /// MXFP4 blocks against the activation in f32, not quantized: the weights' exact values times
@@ -237,16 +240,23 @@ pub fn rows_mxfp4(
 ) {
     let (ldb, kb, groups) = block_rows::<BlockMxfp4>(x.len(), mat.len(), ld, &rows, segs, out);
     let level = isa();
+    #[cfg(target_arch = "x86_64")]
+    if matches!(level, Isa::Amx | Isa::Avx512Bf16) {
+        // The activation once in the kernel's lane order, then every row against it.
+        return LANES.with_borrow_mut(|lanes| {
+            crate::dot::avx512::mxfp4_lane_order(x, lanes);
+            for (o, j) in out.iter_mut().zip(rows) {
+                let row = &mat[j * ldb..j * ldb + kb];
+                // SAFETY: the level is checked; the kernel asserts the lengths.
+                *o = unsafe {
+                    crate::dot::avx512::dot_mxfp4(row, lanes, &groups, crate::dot::PREFETCH_AHEAD)
+                };
+            }
+        });
+    }
     for (o, j) in out.iter_mut().zip(rows) {
         let row = &mat[j * ldb..j * ldb + kb];
         *o = match level {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Amx | Isa::Avx512Bf16 => {
-                // SAFETY: the level is checked; the kernel asserts the lengths.
-                unsafe {
-                    crate::dot::avx512::dot_mxfp4(row, x, &groups, crate::dot::PREFETCH_AHEAD)
-                }
-            }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => {
                 // SAFETY: as above.
