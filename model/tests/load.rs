@@ -418,3 +418,156 @@ fn a_qwen3_checkpoint_missing_an_expert_tensor_names_it() {
         format!("tensor `{gone}` is missing (looked for `{gone}`)")
     );
 }
+
+/// A scratch copy of the tiny gpt-oss checkpoint with MXFP4 experts, its tensors passed through
+/// `edit` (name, dtype, shape, bytes; `None` drops the tensor) and its config through
+/// `edit_config`.
+fn mxfp4_copy(
+    name: &str,
+    edit: impl Fn(
+        &str,
+        safetensors::Dtype,
+        &[usize],
+        &[u8],
+    ) -> Option<(safetensors::Dtype, Vec<usize>, Vec<u8>)>,
+    edit_config: impl FnOnce(&mut serde_json::Value),
+) -> PathBuf {
+    let src =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-gpt-oss-mxfp4");
+    let dir = std::env::temp_dir().join(format!("moek-load-mxfp4-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = file
+        .tensors()
+        .into_iter()
+        .filter_map(|(n, t)| edit(&n, t.dtype(), t.shape(), t.data()).map(|(d, s, b)| (n, d, s, b)))
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = kept
+        .iter()
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit_config(&mut cfg);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+/// What loading a gpt-oss checkpoint at `dir` says (it must fail), before any compute.
+fn gpt_oss_load_err(dir: &Path) -> String {
+    use moek_model::gpt_oss::{config::Config, weights};
+    let cfg = match Config::load(dir) {
+        Ok(c) => c,
+        Err(e) => return e.to_string(),
+    };
+    let ck = Checkpoint::open(dir).unwrap();
+    weights::load_quantized::<f32>(&ck, &cfg, Residence::Mapped, None, |_| {})
+        .map(|_| ())
+        .expect_err("this checkpoint must not load")
+        .to_string()
+}
+
+const DOWN: &str = "model.layers.0.mlp.experts.down_proj";
+
+#[test]
+fn mxfp4_experts_with_a_missing_scale_tensor_name_it() {
+    let scales = format!("{DOWN}_scales");
+    let dir = mxfp4_copy(
+        "no-scales",
+        |n, d, s, b| (n != scales).then(|| (d, s.to_vec(), b.to_vec())),
+        |_| {},
+    );
+    let err = gpt_oss_load_err(&dir);
+    assert!(
+        err.contains(&format!("`{scales}`")) && err.contains("missing"),
+        "{err}"
+    );
+}
+
+#[test]
+fn mxfp4_blocks_of_another_dtype_name_the_tensor_and_u8() {
+    let blocks = format!("{DOWN}_blocks");
+    let dir = mxfp4_copy(
+        "dtype",
+        |n, d, s, b| {
+            let d = if n == blocks {
+                safetensors::Dtype::I8
+            } else {
+                d
+            };
+            Some((d, s.to_vec(), b.to_vec()))
+        },
+        |_| {},
+    );
+    let err = gpt_oss_load_err(&dir);
+    assert!(
+        err.contains(&format!("tensor `{blocks}` is I8; expected U8 (MXFP4)")),
+        "{err}"
+    );
+}
+
+#[test]
+fn mxfp4_blocks_of_another_shape_or_count_name_both_shapes() {
+    // The same bytes as [E, out, in / 2]: a shape the layout does not have.
+    let blocks = format!("{DOWN}_blocks");
+    let dir = mxfp4_copy(
+        "shape",
+        |n, d, s, b| {
+            let s = if n == blocks {
+                vec![s[0], s[1], s[2] * s[3]]
+            } else {
+                s.to_vec()
+            };
+            Some((d, s, b.to_vec()))
+        },
+        |_| {},
+    );
+    let err = gpt_oss_load_err(&dir);
+    assert!(
+        err.contains(&format!(
+            "tensor `{blocks}` has shape [8, 64, 48]; expected [8, 64, 3, 16]"
+        )),
+        "{err}"
+    );
+    // One expert's scales short: a count that does not match the blocks'.
+    let scales = format!("{DOWN}_scales");
+    let dir = mxfp4_copy(
+        "count",
+        |n, d, s, b| {
+            if n != scales {
+                return Some((d, s.to_vec(), b.to_vec()));
+            }
+            let per_expert = s[1] * s[2];
+            Some((d, vec![s[0] - 1, s[1], s[2]], b[per_expert..].to_vec()))
+        },
+        |_| {},
+    );
+    let err = gpt_oss_load_err(&dir);
+    assert!(
+        err.contains(&format!(
+            "tensor `{scales}` has shape [7, 64, 3]; expected [8, 64, 3]"
+        )),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_quantization_config_this_code_does_not_read_is_refused_by_key() {
+    let dir = mxfp4_copy(
+        "quant-method",
+        |_, d, s, b| Some((d, s.to_vec(), b.to_vec())),
+        |c| c["quantization_config"]["quant_method"] = "gptq".into(),
+    );
+    let err = gpt_oss_load_err(&dir);
+    assert!(
+        err.contains("quantization_config.quant_method") && err.contains("gptq"),
+        "{err}"
+    );
+}
