@@ -335,6 +335,15 @@ impl Checkpoint {
         Some((e.dtype, &e.shape, &self.shards[e.shard].1[e.bytes.clone()]))
     }
 
+    /// Drops tensor `name`'s pages from this process's map once its bytes have been copied
+    /// (the page cache keeps them; a later read faults them back): so a tensor rewritten at
+    /// load does not count twice in the resident set. A no-op for a name not present.
+    pub fn release_tensor(&self, name: &str) {
+        if let Some(e) = self.entries.get(name) {
+            self.release(e.shard, e.bytes.clone());
+        }
+    }
+
     /// Whether any of `names` is present.
     pub fn has(&self, names: &[String]) -> bool {
         names.iter().any(|n| self.entries.contains_key(n.as_str()))

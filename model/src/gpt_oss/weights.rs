@@ -11,7 +11,8 @@
 //!   byte, element `2k` in byte `k`'s low nibble) beside `*_scales` `[E, out, in / 32]` (e8m0),
 //!   output by input, gate and up rows interleaved: read into [`BlockMxfp4`]s (scale beside its
 //!   nibbles, the nibbles reordered, the gate rows first). That is a copy too, 17/16 of the
-//!   stored bytes: the kernels read a block's scale beside its values.
+//!   stored bytes: the kernels read a block's scale beside its values. The mapped pages of
+//!   each tensor copied are released once read, so the resident set holds the copy alone.
 //!
 //! The experts' biases (interleaved likewise in `gate_up_proj_bias`) are f32 in every variant.
 
@@ -155,13 +156,16 @@ pub fn load_quantized<'c, W: Element>(
         } else {
             let gate_up = ck.tensor::<W>(&key(&ex("gate_up_proj")), &[e, h, 2 * f])?;
             let down = ck.tensor::<W>(&key(&ex("down_proj")), &[e, f, h])?;
-            (
+            let banks = (
                 Stored::quantize(
                     Cow::Owned(transposed(&gate_up, [e, h, 2 * f], true)),
                     quantize,
                 ),
                 Stored::quantize(Cow::Owned(transposed(&down, [e, f, h], false)), quantize),
-            )
+            );
+            ck.release_tensor(&ex("gate_up_proj"));
+            ck.release_tensor(&ex("down_proj"));
+            banks
         };
         let gate_up_bias = ck.f32s(&key(&ex("gate_up_proj_bias")), &[e, 2 * f])?;
         layers.push(DecoderLayer {
@@ -281,5 +285,7 @@ fn mxfp4_bank(
                 }
             }
         });
+    ck.release_tensor(&format!("{name}_blocks"));
+    ck.release_tensor(&format!("{name}_scales"));
     Ok(bank)
 }
