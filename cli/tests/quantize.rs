@@ -57,13 +57,33 @@ fn moek(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-/// `moek quantize --model src --dtype dtype --out out`, which must succeed.
-fn quantize(src: &str, dtype: &str, out: &str) {
+/// `moek quantize --model src --dtype dtype --out out`, which must succeed; what it printed.
+fn quantize(src: &str, dtype: &str, out: &str) -> String {
     let run = moek(&["quantize", "--model", src, "--dtype", dtype, "--out", out]);
     assert!(
         run.status.success(),
         "{}",
         String::from_utf8_lossy(&run.stderr)
+    );
+    String::from_utf8_lossy(&run.stdout).into_owned()
+}
+
+/// The command names the tensors it put in blocks, as the family chose them: gpt-oss's LM head
+/// alone (its experts' stored orientation is input by output), Gemma-4's experts and more.
+#[test]
+fn quantize_names_the_tensors_it_put_in_blocks() {
+    let out = Scratch::new("names-gpt-oss");
+    let src = common::fixture("tiny-gpt-oss-bf16").0;
+    let said = quantize(src.to_str().unwrap(), "q8_0", out.0.to_str().unwrap());
+    assert!(
+        said.contains(": `lm_head.weight` in q8_0 blocks, every other tensor as stored"),
+        "{said}"
+    );
+    let out = Scratch::new("names-gemma4");
+    let said = quantize(fixture().to_str().unwrap(), "q4_0", out.0.to_str().unwrap());
+    assert!(
+        said.contains(" tensors (`") && said.contains("in q4_0 blocks"),
+        "{said}"
     );
 }
 

@@ -138,13 +138,13 @@ pub fn quantized_tensor(name: &str) -> bool {
 /// family's choice, `open::FamilyRow::quantized`) in `quant`'s blocks, a `u8` tensor of
 /// [`block_shape`]; every other tensor as it is stored; the format named in the metadata
 /// ([`QUANTIZATION_KEY`]). One writer for every family: each family's loader reads its
-/// quantized tensors by the names they had.
+/// quantized tensors by the names they had. Returns the names written in blocks.
 pub fn write_quantized(
     ck: &Checkpoint,
     quantized: fn(&str) -> bool,
     quant: BlockFormat,
     path: &Path,
-) -> Result<(), LoadError> {
+) -> Result<Vec<String>, LoadError> {
     fn blocks_of<Q: Element>(
         ck: &Checkpoint,
         name: &str,
@@ -203,7 +203,13 @@ pub fn write_quantized(
         .collect::<Result<Vec<_>, _>>()?;
     let metadata =
         std::collections::HashMap::from([(QUANTIZATION_KEY.to_string(), quant.name().to_string())]);
-    safetensors::serialize_to_file(views, Some(metadata), path).map_err(|e| format(e.to_string()))
+    safetensors::serialize_to_file(views, Some(metadata), path)
+        .map_err(|e| format(e.to_string()))?;
+    Ok(tensors
+        .iter()
+        .filter(|(_, _, _, bytes)| matches!(bytes, Cow::Owned(_)))
+        .map(|(name, ..)| name.to_string())
+        .collect())
 }
 
 /// `values` (whole blocks) quantized block by block in parallel, into huge pages (the banks are

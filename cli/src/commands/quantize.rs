@@ -70,11 +70,14 @@ pub fn run(args: &QuantizeArgs) -> Result<ExitCode, CommandError> {
     std::fs::create_dir_all(&args.out).map_err(io(&args.out))?;
     // Written under a temporary name and renamed: a failed run leaves no half a checkpoint.
     let partial = args.out.join("model.safetensors.partial");
-    let written = moek_model::quantized::write_quantized(ck, row.quantized, args.dtype, &partial);
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&partial);
-        return Err(e.into());
-    }
+    let in_blocks =
+        match moek_model::quantized::write_quantized(ck, row.quantized, args.dtype, &partial) {
+            Ok(names) => names,
+            Err(e) => {
+                let _ = std::fs::remove_file(&partial);
+                return Err(e.into());
+            }
+        };
     std::fs::rename(&partial, &target).map_err(io(&target))?;
     for name in BESIDE {
         let from = args.model.join(name);
@@ -85,8 +88,18 @@ pub fn run(args: &QuantizeArgs) -> Result<ExitCode, CommandError> {
     }
     let before = ck.bytes();
     let after = Checkpoint::open(&args.out)?.bytes();
+    // Named as the family's row chose them: all of them when few (gpt-oss: the LM head alone).
+    let named = match in_blocks.as_slice() {
+        [] => "no tensor".to_string(),
+        few @ ([_] | [_, _] | [_, _, _]) => few
+            .iter()
+            .map(|n| format!("`{n}`"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        many => format!("{} tensors (`{}`, ...)", many.len(), many[0]),
+    };
     println!(
-        "wrote `{}`: the expert banks and the largest matrices in {} blocks, every other tensor as stored; {before} -> {after} bytes ({:.2}x)",
+        "wrote `{}`: {named} in {} blocks, every other tensor as stored; {before} -> {after} bytes ({:.2}x)",
         target.display(),
         args.dtype,
         after as f64 / before as f64
