@@ -19,12 +19,16 @@ fn copy(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
         dir.join("model.safetensors"),
     )
     .unwrap();
+    edited_config(&fixture(), &dir, edit);
+    dir
+}
+
+/// `src`'s config.json passed through `edit`, written into `dir`.
+fn edited_config(src: &Path, dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture().join("config.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
     edit(&mut cfg);
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
-    dir
 }
 
 fn load_err(dir: &Path) -> String {
@@ -453,10 +457,7 @@ fn mxfp4_copy(
         })
         .collect();
     safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
-    edit_config(&mut cfg);
-    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    edited_config(&src, &dir, edit_config);
     dir
 }
 
