@@ -118,8 +118,10 @@ fn by_dots<W: Element>(
 mod avx512 {
     //! f32 FMA tiles over operands widened once: activations (`a`, few rows, reused by every
     //! panel) are widened for the whole call, weights (`b`, streamed once) one panel chunk at a
-    //! time. On the cores this project runs on, two 16-lane FMAs per cycle outrun `vdpbf16ps` by
-    //! about four to one (measured), so the GEMM widens bf16 instead of using BF16 dot products.
+    //! time. On the core this was first measured on, two 16-lane FMAs per cycle outran
+    //! `vdpbf16ps` by about four to one, so the GEMM widens bf16 instead of using BF16 dot
+    //! products. That does not hold everywhere: on a Zen 5 core `vdpbf16ps` gave about twice
+    //! the FMAs' rate (docs/performance.md), so the choice belongs to a per-machine measurement.
 
     use super::*;
     use crate::dot::avx512::{BF16, F16, F32, load16, size_of_kind};
