@@ -1,4 +1,35 @@
-//! Where a block size known at run time becomes a type: [`with_block!`](crate::with_block).
+//! Blocks: where a block size known at run time becomes a type
+//! ([`with_block!`](crate::with_block)), and weights of any stored element quantized to them
+//! ([`quantize`]).
+
+use moek_ir::Element;
+use moek_ir::quant::BLOCK_SIZES;
+use rayon::prelude::*;
+
+/// `values` (whole blocks of `Q`) quantized block by block in parallel, each block widened to
+/// f32 on the stack (never the whole weight); with the `cpu` feature into huge pages, as the
+/// banks are streamed like any weight.
+pub fn quantize<W: Element, Q: Element>(values: &[W]) -> Vec<Q> {
+    assert!(
+        values.len().is_multiple_of(Q::VALUES),
+        "{} values are not whole blocks of {}",
+        values.len(),
+        Q::VALUES
+    );
+    #[cfg(feature = "cpu")]
+    let mut out: Vec<Q> = moek_cpu::memory::huge_vec(values.len() / Q::VALUES);
+    #[cfg(not(feature = "cpu"))]
+    let mut out = vec![Q::default(); values.len() / Q::VALUES];
+    out.par_iter_mut()
+        .zip(values.par_chunks_exact(Q::VALUES))
+        .for_each(|(b, v)| {
+            let mut block = [0f32; BLOCK_SIZES[BLOCK_SIZES.len() - 1]];
+            let block = &mut block[..v.len()];
+            block.iter_mut().zip(v).for_each(|(x, w)| *x = w.to_f32());
+            *b = Q::quantize(block);
+        });
+    out
+}
 
 /// Runs `$body` with `$Q` the block type of quantized `$dtype` (either activation) at `$block`
 /// values a block, one of [`moek_ir::quant::BLOCK_SIZES`]: where a block size known at run time

@@ -294,7 +294,7 @@ impl Checkpoint {
         let per = CHUNK / size_of::<W>();
         let mut out = Vec::with_capacity(mapped.len() / moek_kernels::ir::quant::BLOCK);
         for (i, chunk) in mapped.chunks(per).enumerate() {
-            out.extend_from_slice(&crate::quantized::blocks::<W, Q>(chunk));
+            out.extend_from_slice(&moek_kernels::blocks::quantize::<W, Q>(chunk));
             let start = e.bytes.start + i * CHUNK;
             self.release(e.shard, start..start + size_of_val(chunk));
         }

@@ -10,9 +10,9 @@
 use crate::checkpoint::{Checkpoint, LoadError, QUANTIZATION_KEY, Residence, block_shape};
 use half::{bf16, f16};
 use moek_kernels::Element;
+use moek_kernels::blocks::quantize;
 use moek_kernels::ir::quant::{BLOCK, BlockMxfp4, BlockQ4_0, BlockQ8_0};
 use moek_kernels::ir::{BlockFormat, DType};
-use rayon::prelude::*;
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 use std::borrow::Cow;
@@ -76,9 +76,9 @@ impl<W: Element> Stored<'_, W> {
     pub fn quantize(values: Cow<'_, [W]>, quant: Option<BlockFormat>) -> Stored<'_, W> {
         match quant {
             None => Stored::Plain(values),
-            Some(BlockFormat::Q8_0) => Stored::Q8_0(Cow::Owned(blocks(&values))),
-            Some(BlockFormat::Q4_0) => Stored::Q4_0(Cow::Owned(blocks(&values))),
-            Some(BlockFormat::Mxfp4) => Stored::Mxfp4(Cow::Owned(blocks(&values))),
+            Some(BlockFormat::Q8_0) => Stored::Q8_0(Cow::Owned(quantize(&values))),
+            Some(BlockFormat::Q4_0) => Stored::Q4_0(Cow::Owned(quantize(&values))),
+            Some(BlockFormat::Mxfp4) => Stored::Mxfp4(Cow::Owned(quantize(&values))),
         }
     }
 }
@@ -210,27 +210,6 @@ pub fn write_quantized(
         .filter(|(_, _, _, bytes)| matches!(bytes, Cow::Owned(_)))
         .map(|(name, ..)| name.to_string())
         .collect())
-}
-
-/// `values` (whole blocks) quantized block by block in parallel, into huge pages (the banks are
-/// streamed like any weight).
-pub fn blocks<W: Element, Q: Element>(values: &[W]) -> Vec<Q> {
-    assert!(
-        values.len().is_multiple_of(BLOCK),
-        "{} values are not whole blocks of {BLOCK}",
-        values.len()
-    );
-    let mut out: Vec<Q> = moek_cpu::memory::huge_vec(values.len() / BLOCK);
-    out.par_iter_mut()
-        .zip(values.par_chunks_exact(BLOCK))
-        .for_each(|(b, v)| {
-            let mut block = [0f32; BLOCK];
-            for (x, w) in block.iter_mut().zip(v) {
-                *x = w.to_f32();
-            }
-            *b = Q::quantize(&block);
-        });
-    out
 }
 
 #[cfg(test)]

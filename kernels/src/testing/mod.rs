@@ -13,7 +13,6 @@ use crate::inputs::{AnyInputs, Bound, Inputs, output_len};
 use crate::registry::KernelEntry;
 use half::{bf16, f16};
 use moek_ir::Element;
-use moek_ir::quant;
 use moek_ir::reference::{self, Biases, Shape};
 use moek_ir::tensors::{ACT, ElemClass, Optional, Optionals, TensorDef, TensorRole};
 use moek_ir::tolerance::{Deviation, Tolerance};

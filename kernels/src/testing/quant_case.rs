@@ -28,17 +28,7 @@ impl<Q: Element> QuantCase<Q> {
         let blocks: Vec<Vec<Q>> = drawn
             .params
             .iter()
-            .map(|p| {
-                // A block at a time from the bf16 values: no f32 copy of the whole weight.
-                p.par_chunks(Q::VALUES)
-                    .map(|vs| {
-                        let mut values = [0f32; quant::BLOCK_SIZES[3]];
-                        let values = &mut values[..vs.len()];
-                        values.iter_mut().zip(vs).for_each(|(o, v)| *o = v.to_f32());
-                        Q::quantize(values)
-                    })
-                    .collect()
-            })
+            .map(|p| crate::blocks::quantize(p))
             .collect();
         let exact = Case::<f32> {
             op,
