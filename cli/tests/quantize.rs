@@ -9,6 +9,7 @@ use moek_model::forward::{Cache, CausalLm, Head};
 use moek_model::gemma4::config::Config;
 use moek_model::gemma4::model::Model;
 use moek_model::gemma4::weights;
+use moek_model::quantized::Quantize;
 use std::path::{Path, PathBuf};
 
 /// The model's fixture readers (this file uses some of them).
@@ -23,6 +24,7 @@ fn fixture() -> PathBuf {
 fn model_of(dir: &Path, quantize: Option<BlockFormat>) -> Model<'static, f32> {
     let cfg = Config::load(dir).unwrap();
     let ck: &'static Checkpoint = Box::leak(Box::new(Checkpoint::open(dir).unwrap()));
+    let quantize = quantize.map(Quantize::whole);
     let w = weights::load_quantized::<f32>(ck, &cfg, Residence::Mapped, quantize, |_| {}).unwrap();
     Model::new(cfg, w, Backend::cpu())
 }
@@ -57,9 +59,11 @@ fn moek(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-/// `moek quantize --model src --dtype dtype --out out`, which must succeed; what it printed.
-fn quantize(src: &str, dtype: &str, out: &str) -> String {
-    let run = moek(&["quantize", "--model", src, "--dtype", dtype, "--out", out]);
+/// `moek quantize --model src --dtype dtype --out out [more]`, which must succeed; what it
+/// printed.
+fn quantize_with(src: &str, dtype: &str, out: &str, more: &[&str]) -> String {
+    let args = ["quantize", "--model", src, "--dtype", dtype, "--out", out];
+    let run = moek(&[&args[..], more].concat());
     assert!(
         run.status.success(),
         "{}",
@@ -68,17 +72,32 @@ fn quantize(src: &str, dtype: &str, out: &str) -> String {
     String::from_utf8_lossy(&run.stdout).into_owned()
 }
 
+/// [`quantize_with`] the whole model.
+fn quantize(src: &str, dtype: &str, out: &str) -> String {
+    quantize_with(src, dtype, out, &[])
+}
+
 /// The command names the tensors it put in blocks, as the family chose them: gpt-oss's LM head
-/// alone (its experts' stored orientation is input by output), Gemma-4's experts and more.
+/// alone with `--quantize-experts-only` (its experts' stored orientation is input by output),
+/// attention's projections beside it for the whole model; Gemma-4's experts and more.
 #[test]
 fn quantize_names_the_tensors_it_put_in_blocks() {
     let out = Scratch::new("names-gpt-oss");
     let src = common::fixture("tiny-gpt-oss-bf16").0;
-    let said = quantize(src.to_str().unwrap(), "q8_0", out.0.to_str().unwrap());
+    let (src, dir) = (src.to_str().unwrap(), out.0.to_str().unwrap());
+    let said = quantize_with(src, "q8_0", dir, &["--quantize-experts-only"]);
     assert!(
         said.contains(": `lm_head.weight` in q8_0 blocks, every other tensor as stored"),
         "{said}"
     );
+    std::fs::remove_dir_all(dir).unwrap();
+    let said = quantize(src, "q8_0", dir);
+    assert!(said.contains(" tensors (`") && said.contains("in q8_0 blocks"), "{said}");
+    let ck = Checkpoint::open(&out.0).unwrap();
+    let q = "model.layers.0.self_attn.q_proj.weight".to_string();
+    let router = "model.layers.0.mlp.router.weight".to_string();
+    assert_eq!(ck.quantized(&[q]), Some(BlockFormat::Q8_0));
+    assert_eq!(ck.quantized(&[router]), None);
     let out = Scratch::new("names-gemma4");
     let said = quantize(fixture().to_str().unwrap(), "q4_0", out.0.to_str().unwrap());
     assert!(
@@ -151,35 +170,40 @@ fn bad_quantized_checkpoints_are_named_errors() {
     assert!(err.to_string().contains("experts.gate_up_proj"), "{err}");
 }
 
-/// `--quantize` on `logits` runs the banks and the head through the quantized variants, and
-/// `--explain` names them.
+/// `--quantize` on `logits` runs the banks, the dense MLP and the head through the quantized
+/// variants (the dense MLP through the one-expert spec), and `--explain` names them;
+/// `--quantize-experts-only` leaves the dense MLP in the checkpoint's dtype. (Qwen3's fixture:
+/// its dense layer is whole blocks wide.)
 #[test]
 fn quantize_at_load_runs_the_quantized_variants() {
-    let src = fixture();
-    let run = moek(&[
-        "logits",
-        "--model",
-        src.to_str().unwrap(),
-        "--tokens",
-        "5,6,7",
-        "--quantize",
-        "q8_0",
-        "--explain",
-    ]);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let log = String::from_utf8_lossy(&run.stderr);
-    for what in ["moe", "lm_head"] {
-        let line = log
-            .lines()
+    let src = common::fixture("tiny-qwen3-moe-f32").0;
+    let explain = |more: &[&str]| {
+        let src = src.to_str().unwrap();
+        let args = ["logits", "--model", src, "--tokens", "5,6,7", "--quantize", "q8_0"];
+        let run = moek(&[&args[..], more, &["--explain"]].concat());
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        String::from_utf8_lossy(&run.stderr).into_owned()
+    };
+    let line = |log: &str, what: &str| {
+        log.lines()
             .find(|l| l.contains(&format!(" {what} (")))
-            .unwrap_or_else(|| panic!("no {what} record in {log}"));
+            .unwrap_or_else(|| panic!("no {what} record in {log}"))
+            .to_string()
+    };
+    let whole = explain(&[]);
+    for what in ["moe", "lm_head", "dense_mlp"] {
+        let line = line(&whole, what);
         assert!(line.contains("on cpu (q8_0)"), "{line}");
     }
-    assert!(log.contains("dense_mlp") && log.contains("(f32)"), "{log}");
+    let dense = line(&whole, "dense_mlp");
+    assert!(dense.contains("dense_mlp_quantized"), "{dense}");
+    let experts = explain(&["--quantize-experts-only"]);
+    let line = line(&experts, "dense_mlp");
+    assert!(line.contains("(f32)"), "{line}");
 }
 
 /// `moek quantize` serves Qwen3-MoE too: each expert's matrices and the untied head are written
@@ -207,7 +231,8 @@ fn a_quantized_qwen3_checkpoint_loads_as_quantizing_at_load() {
     };
     let tokens = common::ids(&v["tokens"]);
     let stored = all_logits(&open(&out.0, None), &tokens);
-    let at_load = all_logits(&open(&src, Some(BlockFormat::Q8_0)), &tokens);
+    let whole = Some(Quantize::whole(BlockFormat::Q8_0));
+    let at_load = all_logits(&open(&src, whole), &tokens);
     let bits = |r: &[Vec<f32>]| -> Vec<u32> { r.iter().flatten().map(|x| x.to_bits()).collect() };
     assert_eq!(bits(&stored), bits(&at_load));
 }

@@ -250,6 +250,30 @@ kernel! {
         cores:      R = 8;
     }
 
+    /// A dense MLP stored in quantized blocks, as one expert that every token routes to with
+    /// weight 1 (its gate and up rows one bank, `[1, 2F, H]`): the dense layers of a model
+    /// quantized whole. Work is cut along the products' outputs (F for gate/up, H for down),
+    /// there being one route to cut.
+    pub dense_mlp_quantized = expert_ffn {
+        dims:            T, R = 1, E = 1, H, F;
+        dtypes:          q8_0, q4_0, mxfp4, q8_0_bf16, q4_0_bf16;
+        targets:         cpu, wgpu;
+        select:          gather E by R;
+        cores(gate_up):  F = 32;
+        cores(down):     H = 32;
+    }
+
+    /// [`dense_mlp_quantized`] with SiLU (Qwen3-MoE's dense layers).
+    pub dense_mlp_quantized_silu = expert_ffn {
+        dims:            T, R = 1, E = 1, H, F;
+        dtypes:          q8_0, q4_0, mxfp4, q8_0_bf16, q4_0_bf16;
+        targets:         cpu, wgpu;
+        activation:      silu;
+        select:          gather E by R;
+        cores(gate_up):  F = 32;
+        cores(down):     H = 32;
+    }
+
     /// The general quantized expert FFN with SiLU experts (Qwen3-MoE, Mixtral, DeepSeek).
     pub general_expert_ffn_gather_quantized_silu = expert_ffn {
         dims:       T, R, E, H, F;

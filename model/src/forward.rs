@@ -3,7 +3,7 @@
 //! forward lives in its module ([`crate::gemma4`]).
 
 use crate::ops::to_w;
-use crate::quantized::Stored;
+use crate::quantized::{DenseMlp, Stored};
 use moek_kernels::backend::Uploaded;
 use moek_kernels::dispatch::{self, Backend, Choice, DispatchError};
 use moek_kernels::ir::Target;
@@ -270,30 +270,58 @@ pub(crate) fn check_tokens(
     }
 }
 
-/// A layer's dense MLP on the normed rows `xn` (`[S, H]`, rounded to `W` for the kernel), its
-/// weights `[gate, up, down]` of width `f`, through dispatch with `activation`.
+/// A layer's dense MLP on the normed rows `xn` (`[S, H]`) of width `f`, through dispatch with
+/// `activation`: plain, `xn` rounded to `W` for the dense kernel; in blocks, as the one expert
+/// every row routes to with weight 1 ([`DenseMlp::Blocks`]).
 pub(crate) fn dense_mlp<W: Element>(
     kernels: &Kernels,
     layer: usize,
     xn: &[f32],
     (h, f): (usize, usize),
-    [gate, up, down]: [&[W]; 3],
+    mlp: &DenseMlp<'_, W>,
     activation: Activation,
     trace: &mut Vec<Trace>,
 ) -> Result<Vec<f32>, ModelError> {
-    let x = to_w::<W>(xn);
     let mut out = vec![0f32; xn.len()];
-    let shape = Shape {
-        t: xn.len() / h,
-        h,
-        f,
-        ..Shape::default()
-    };
-    let inputs = Inputs::dense_mlp(&x, gate, up, down);
+    let t = xn.len() / h;
     let what = "dense_mlp";
-    run_traced(
-        kernels, layer, what, activation, &shape, &inputs, &mut out, None, trace,
-    )?;
+    match mlp {
+        DenseMlp::Plain {
+            gate_proj,
+            up_proj,
+            down_proj,
+        } => {
+            let x = to_w::<W>(xn);
+            let shape = Shape {
+                t,
+                h,
+                f,
+                ..Shape::default()
+            };
+            let inputs = Inputs::dense_mlp(&x, gate_proj, up_proj, down_proj);
+            run_traced(
+                kernels, layer, what, activation, &shape, &inputs, &mut out, None, trace,
+            )?;
+        }
+        DenseMlp::Blocks {
+            gate_up_proj,
+            down_proj,
+        } => {
+            let shape = Shape {
+                t,
+                r: 1,
+                e: 1,
+                h,
+                f,
+                ..Shape::default()
+            };
+            let (idx, weights) = (vec![0u32; t], vec![1f32; t]);
+            let banks = ((gate_up_proj, down_proj), Biases::default());
+            let routes = (xn, &idx[..], &weights[..]);
+            let at = (layer, what);
+            routed_experts(kernels, at, activation, &shape, routes, banks, &mut out, None, trace)?;
+        }
+    }
     Ok(out)
 }
 
@@ -416,7 +444,7 @@ pub(crate) fn run_traced_quantized<Q: Element>(
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn routed_experts<W: Element>(
     kernels: &Kernels,
-    layer: usize,
+    (layer, what): (usize, &'static str),
     activation: Activation,
     shape: &Shape,
     (x, idx, weights): (&[f32], &[u32], &[f32]),
@@ -439,19 +467,19 @@ pub(crate) fn routed_experts<W: Element>(
         (Stored::Plain(gate_up), Stored::Plain(down)) => {
             let xe = to_w::<W>(x);
             let inputs = inputs(&xe, routes, gate_up, down, biases);
-            run_traced(b, l, "moe", a, shape, &inputs, out, requested, trace)
+            run_traced(b, l, what, a, shape, &inputs, out, requested, trace)
         }
         (Stored::Q8_0(gate_up), Stored::Q8_0(down)) => {
             let inputs = inputs(x, routes, gate_up, down, biases);
-            run_traced_quantized(b, l, "moe", a, shape, &inputs, out, requested, trace)
+            run_traced_quantized(b, l, what, a, shape, &inputs, out, requested, trace)
         }
         (Stored::Q4_0(gate_up), Stored::Q4_0(down)) => {
             let inputs = inputs(x, routes, gate_up, down, biases);
-            run_traced_quantized(b, l, "moe", a, shape, &inputs, out, requested, trace)
+            run_traced_quantized(b, l, what, a, shape, &inputs, out, requested, trace)
         }
         (Stored::Mxfp4(gate_up), Stored::Mxfp4(down)) => {
             let inputs = inputs(x, routes, gate_up, down, biases);
-            run_traced_quantized(b, l, "moe", a, shape, &inputs, out, requested, trace)
+            run_traced_quantized(b, l, what, a, shape, &inputs, out, requested, trace)
         }
         (g, d) => unreachable!(
             "layer {layer}'s banks are {} and {}: a model's banks share one format",

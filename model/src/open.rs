@@ -8,7 +8,7 @@ use crate::config::Family;
 use crate::forward::{Cache, CausalLm, Head, Kernels, ModelError, Trace};
 use crate::{gemma4, gpt_oss, qwen3};
 use half::{bf16, f16};
-use moek_kernels::ir::BlockFormat;
+use crate::quantized::{Quantize, Scope};
 use moek_kernels::ir::{Activation, DType};
 use moek_kernels::{Backend, Registry, Shape};
 use safetensors::Dtype;
@@ -22,8 +22,9 @@ pub struct Options {
     pub backend: Backend,
     /// The specs dispatch chooses from (`Registry::builtin()`, or a user's ahead of them).
     pub registry: Arc<Registry>,
-    /// Quantize the expert banks (and the embedding) to these blocks as they are loaded.
-    pub quantize: Option<BlockFormat>,
+    /// Quantize the matrices it covers (the whole model, or the experts, embedding and LM
+    /// head) to its blocks as they are loaded.
+    pub quantize: Option<Quantize>,
     /// Where the weight matrices live (`None`: huge pages on the CPU, mapped elsewhere).
     pub weights: Option<Residence>,
     /// Force this MoE variant; one that cannot serve the model fails before any state changes.
@@ -80,12 +81,14 @@ pub type LoadFn = for<'c> fn(
 #[derive(Debug)]
 pub struct FamilyRow {
     pub family: Family,
-    pub dtype_tensor: fn() -> Vec<String>,
+    /// Tensors (each by its names) whose dtype is the model's storage dtype unless quantized:
+    /// the first present and plain decides.
+    pub dtype_tensor: fn() -> Vec<Vec<String>>,
     pub layers: fn(&Value) -> Result<usize, LoadError>,
     pub eos: fn(&Value) -> Result<Vec<u32>, LoadError>,
-    /// Whether the checkpoint tensor `name` is one `--quantize` and `moek quantize` put in
-    /// blocks (the expert banks, and the largest matrices the family's loader reads as blocks).
-    pub quantized: fn(&str) -> bool,
+    /// Whether the checkpoint tensor `name` is one `--quantize` and `moek quantize` of a scope
+    /// put in blocks (the expert banks, and the matrices the family's loader reads as blocks).
+    pub quantized: fn(&str, Scope) -> bool,
     /// The expert FFN its MoE layers dispatch, if any: E, R, H and F (T is free) and the
     /// experts' activation (what `moek tune --model` searches).
     pub moe: MoeFn,
@@ -121,7 +124,12 @@ macro_rules! by_dtype {
 pub const FAMILIES: &[FamilyRow] = &[
     FamilyRow {
         family: Family::Gemma4,
-        dtype_tensor: || gemma4::weights::names("layers.0.self_attn.q_proj.weight"),
+        // q_proj is in blocks in a model quantized whole, the router never.
+        dtype_tensor: || {
+            ["layers.0.self_attn.q_proj.weight", "layers.0.router.proj.weight"]
+                .map(gemma4::weights::names)
+                .to_vec()
+        },
         layers: |v| Ok(gemma4::config::Config::from_json(v)?.layers.len()),
         eos: |v| Ok(gemma4::config::Config::from_json(v)?.eos_token_id),
         quantized: crate::quantized::quantized_tensor,
@@ -140,7 +148,7 @@ pub const FAMILIES: &[FamilyRow] = &[
     },
     FamilyRow {
         family: Family::Qwen3Moe,
-        dtype_tensor: || vec!["model.embed_tokens.weight".to_string()],
+        dtype_tensor: || vec![vec!["model.embed_tokens.weight".to_string()]],
         layers: |v| Ok(qwen3::config::Config::from_json(v)?.layers.len()),
         eos: |v| Ok(qwen3::config::Config::from_json(v)?.eos_token_id),
         quantized: qwen3::weights::quantized_tensor,
@@ -158,7 +166,7 @@ pub const FAMILIES: &[FamilyRow] = &[
     },
     FamilyRow {
         family: Family::GptOss,
-        dtype_tensor: || vec!["model.embed_tokens.weight".to_string()],
+        dtype_tensor: || vec![vec!["model.embed_tokens.weight".to_string()]],
         layers: |v| Ok(gpt_oss::config::Config::from_json(v)?.layers.len()),
         eos: |v| Ok(gpt_oss::config::Config::from_json(v)?.eos_token_id),
         quantized: gpt_oss::weights::quantized_tensor,
@@ -264,17 +272,26 @@ pub fn expert_ffn(dir: &Path) -> Result<Option<(Shape, Activation, DType)>, Load
     Ok(Some((shape, activation, dtype)))
 }
 
-/// The checkpoint's storage dtype: that of a matrix that is never quantized (bf16, f16 or f32).
+/// The checkpoint's storage dtype: that of the first of the family's `dtype_tensor`s present
+/// and not in blocks (bf16, f16 or f32).
 fn storage_dtype(ck: &Checkpoint, row: &FamilyRow) -> Result<Dtype, LoadError> {
-    let names = (row.dtype_tensor)();
-    match ck.dtype(&names)? {
-        d @ (Dtype::BF16 | Dtype::F16 | Dtype::F32) => Ok(d),
-        other => Err(LoadError::DType {
-            tensor: names[0].clone(),
-            expected: "BF16, F16 or F32".into(),
-            found: format!("{other:?}"),
-        }),
+    let tensors = (row.dtype_tensor)();
+    let mut last = None;
+    for names in tensors.iter().filter(|names| ck.has(names)) {
+        match ck.dtype(names)? {
+            d @ (Dtype::BF16 | Dtype::F16 | Dtype::F32) => return Ok(d),
+            other => last = Some((names[0].clone(), other)),
+        }
     }
+    let (tensor, found) = match last {
+        Some((tensor, dtype)) => (tensor, format!("{dtype:?}")),
+        None => (tensors[0][0].clone(), "no such tensor".into()),
+    };
+    Err(LoadError::DType {
+        tensor,
+        expected: "BF16, F16 or F32 (the model's storage dtype)".into(),
+        found,
+    })
 }
 
 /// Opens the checkpoint directory `dir` (config.json and safetensors) of any family in

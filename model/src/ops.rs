@@ -20,8 +20,11 @@ pub struct Heads {
     pub head_dim: usize,
     pub window: Option<usize>,
 }
+use crate::quantized::Stored;
+use moek_cpu::quant::Weight;
 use moek_kernels::Element;
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// RMSNorm over each `n`-wide row, in f32, weight applied as is (Gemma-4: no `1 + w`);
 /// `w = None` is the weightless norm.
@@ -48,9 +51,16 @@ pub fn to_w<W: Element>(x: &[f32]) -> Vec<W> {
     x.iter().map(|&v| <W as Element>::from_f32(v)).collect()
 }
 
-/// `y[t, o] = x[t, :] . w[o, :]` for `rows` rows of `x` (`[rows, inp]`, rounded to `W`) and
-/// `w` `[out, inp]`. Output rows are cut across threads; each dot is one f32 sum.
-pub fn linear<W: Element>(x: &[f32], rows: usize, w: &[W], out: usize, inp: usize) -> Vec<f32> {
+/// `y[t, o] = x[t, :] . w[o, :]` for `rows` rows of `x` (`[rows, inp]`) and `w` `[out, inp]`,
+/// plain (`x` rounded to `W`) or in blocks (`x` as it is, quantized per row by the block
+/// product where the format does). Output rows are cut across threads; each dot is one f32 sum.
+pub fn linear<W: Element>(
+    x: &[f32],
+    rows: usize,
+    w: &Stored<'_, W>,
+    out: usize,
+    inp: usize,
+) -> Vec<f32> {
     let mut ys = linears(x, rows, &[(w, out)], inp);
     ys.pop().expect("one matrix in, one result out")
 }
@@ -62,11 +72,12 @@ pub fn linear<W: Element>(x: &[f32], rows: usize, w: &[W], out: usize, inp: usiz
 pub fn linears<W: Element>(
     x: &[f32],
     rows: usize,
-    ws: &[(&[W], usize)],
+    ws: &[(&Stored<'_, W>, usize)],
     inp: usize,
 ) -> Vec<Vec<f32>> {
     debug_assert_eq!(x.len(), rows * inp);
-    let a = to_w::<W>(x);
+    let plain = ws.iter().any(|(w, _)| matches!(w, Stored::Plain(_)));
+    let a = if plain { to_w::<W>(x) } else { Vec::new() };
     // Column blocks of the outputs, each a GEMM over all rows: a few per thread, so a GEMM packs
     // its rows of activations a few times per call. A streamed weight (decode) is cut finer, 8
     // blocks per thread, so that threads taking blocks of uneven matrices (q beside k, a
@@ -91,20 +102,18 @@ pub fn linears<W: Element>(
     let results: Vec<Vec<f32>> = blocks
         .par_iter()
         .map(|&(i, c0, c1)| {
-            let w = ws[i].0;
-            debug_assert_eq!(w.len(), ws[i].1 * inp);
-            let mut c = vec![0f32; rows * (c1 - c0)];
-            moek_cpu::gemm_nt(
-                &a,
-                inp,
-                &w[c0 * inp..c1 * inp],
-                inp,
-                &mut c,
-                c1 - c0,
-                rows,
-                c1 - c0,
-                inp,
-            );
+            let n = c1 - c0;
+            let mut c = vec![0f32; rows * n];
+            match ws[i].0 {
+                Stored::Plain(w) => {
+                    debug_assert_eq!(w.len(), ws[i].1 * inp);
+                    let w = &w[c0 * inp..c1 * inp];
+                    moek_cpu::gemm_nt(&a, inp, w, inp, &mut c, n, rows, n, inp);
+                }
+                Stored::Q8_0(b) => block_rows(x, b, inp, c0..c1, &mut c),
+                Stored::Q4_0(b) => block_rows(x, b, inp, c0..c1, &mut c),
+                Stored::Mxfp4(b) => block_rows(x, b, inp, c0..c1, &mut c),
+            }
             c
         })
         .collect();
@@ -116,6 +125,15 @@ pub fn linears<W: Element>(
         }
     }
     ys
+}
+
+/// Outputs `cols` of every row of `x` (`[rows, inp]`) against a matrix in blocks, into `c`
+/// (`[rows, cols.len()]`): a row product per activation row.
+fn block_rows<Q: Weight>(x: &[f32], blocks: &[Q], inp: usize, cols: Range<usize>, c: &mut [f32]) {
+    let n = cols.len();
+    for (xr, cr) in x.chunks_exact(inp).zip(c.chunks_exact_mut(n)) {
+        Q::matvec_segments(xr, blocks, inp, cols.clone(), &[(0, inp)], cr);
+    }
 }
 
 /// Inverse frequencies of a layer's RoPE: `theta^(-2j/d) / factor` for the rotated pairs, 0 for

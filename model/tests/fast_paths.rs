@@ -10,9 +10,9 @@ use moek_model::forward::Kernels;
 use moek_model::gemma4::model::Model;
 use moek_model::gemma4::tiny;
 use moek_model::gemma4::weights::{
-    DecoderLayer, Experts, Mlp, MoeBlock, Router, SelfAttn, Weights,
+    DecoderLayer, Experts, MoeBlock, Router, SelfAttn, Weights,
 };
-use moek_model::quantized::Stored;
+use moek_model::quantized::{DenseMlp, Stored};
 use std::borrow::Cow;
 
 /// A one-layer model at the 26B-A4B MoE geometry whose expert banks borrow `mw`'s (only the MoE
@@ -33,14 +33,14 @@ fn model<'w>(
             pre_feedforward_layernorm: vec![],
             post_feedforward_layernorm: vec![],
             self_attn: SelfAttn {
-                q_proj: none(),
-                k_proj: none(),
+                q_proj: Stored::Plain(none()),
+                k_proj: Stored::Plain(none()),
                 v_proj: None,
-                o_proj: none(),
+                o_proj: Stored::Plain(none()),
                 q_norm: vec![],
                 k_norm: vec![],
             },
-            mlp: Mlp {
+            mlp: DenseMlp::Plain {
                 gate_proj: none(),
                 up_proj: none(),
                 down_proj: none(),

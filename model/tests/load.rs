@@ -306,14 +306,15 @@ fn saved_weights_load_back_mapped_or_in_huge_pages() {
     let ck = Checkpoint::open(&dir).unwrap();
     for residence in [Residence::Mapped, Residence::HugePages] {
         let loaded = weights::load::<half::bf16>(&ck, &cfg, residence, |_| {}).unwrap();
-        let moek_model::quantized::Stored::Plain(embed) = &loaded.embed_tokens else {
-            panic!("a bf16 checkpoint's embedding loads as bf16");
-        };
-        let owned = [
-            embed,
+        use moek_model::quantized::{DenseMlp, Stored};
+        let (Stored::Plain(embed), Stored::Plain(q), DenseMlp::Plain { down_proj, .. }) = (
+            &loaded.embed_tokens,
             &loaded.layers[0].self_attn.q_proj,
-            &loaded.layers[1].mlp.down_proj,
-        ]
+            &loaded.layers[1].mlp,
+        ) else {
+            panic!("a bf16 checkpoint's matrices load as bf16");
+        };
+        let owned = [embed, q, down_proj]
         .map(|m| matches!(m, std::borrow::Cow::Owned(_)));
         assert_eq!(
             owned,

@@ -24,7 +24,7 @@ use moek_model::generate::{Sampling, generate};
 use moek_model::gpt_oss::config::Config;
 use moek_model::gpt_oss::model::Model;
 use moek_model::gpt_oss::weights;
-use moek_model::quantized::Stored;
+use moek_model::quantized::{Quantize, Stored};
 mod common;
 
 use common::{fixture, floats, ids, rows};
@@ -176,7 +176,7 @@ fn on_spyre_the_experts_fall_back_to_the_cpu_visibly_and_still_match() {
 }
 
 /// `--quantize mxfp4` on the f32 checkpoint (its banks transposed, de-interleaved, then put in
-/// blocks at load, and the LM head) computes the model on those blocks' exact values: against the
+/// blocks at load, attention's projections and the LM head) computes the model on those blocks' exact values: against the
 /// same model with every quantized matrix replaced by its dequantized f32 copy, f32 sums apart;
 /// and the quantization itself moved the logits (they are not the f32 checkpoint's).
 #[test]
@@ -184,7 +184,7 @@ fn quantized_at_load_mxfp4_computes_on_the_blocks_exact_values() {
     let (dir, e) = fixture("tiny-gpt-oss-f32");
     let cfg = Config::load(&dir).unwrap();
     let ck = Checkpoint::open(&dir).unwrap();
-    let quant = Some(moek_kernels::ir::BlockFormat::Mxfp4);
+    let quant = Some(Quantize::whole(moek_kernels::ir::BlockFormat::Mxfp4));
     let load = || weights::load_quantized::<f32>(&ck, &cfg, Residence::Mapped, quant, |_| {});
     let (blocks, mut exact) = (load().unwrap(), load().unwrap());
     let dequantized = |m: &Stored<'_, f32>| match m {
@@ -196,6 +196,10 @@ fn quantized_at_load_mxfp4_computes_on_the_blocks_exact_values() {
         let ex = &mut l.mlp.experts;
         (ex.gate_up_proj, ex.down_proj) =
             (dequantized(&ex.gate_up_proj), dequantized(&ex.down_proj));
+        let a = &mut l.self_attn;
+        for p in [&mut a.q_proj, &mut a.k_proj, &mut a.v_proj, &mut a.o_proj] {
+            p.weight = dequantized(&p.weight);
+        }
     }
     let tokens = ids(&e["tokens"]);
     let run = |w| {

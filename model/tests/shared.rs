@@ -28,16 +28,16 @@ fn on_wgpu_weights_are_uploaded_once_and_decode_steps_send_none() {
     // Every weight a kernel reads, once: the dense MLP and the expert banks of each layer, and
     // the LM head (tied: the embedding).
     let w = &m.weights;
-    let mut expected = w.head().bytes() / 2;
+    let mut expected = w.head().bytes();
     for l in &w.layers {
-        expected += l.mlp.gate_proj.len() + l.mlp.up_proj.len() + l.mlp.down_proj.len();
+        expected += l.mlp.bytes();
         if let Some(moe) = &l.moe {
-            expected += (moe.experts.gate_up_proj.bytes() + moe.experts.down_proj.bytes()) / 2;
+            expected += moe.experts.gate_up_proj.bytes() + moe.experts.down_proj.bytes();
         }
     }
     assert_eq!(
         prefill.weights,
-        (expected * 2) as u64,
+        expected as u64,
         "bf16 weights, each once"
     );
     for token in [5, 9] {

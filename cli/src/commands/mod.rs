@@ -19,6 +19,7 @@ pub mod tune;
 use moek_kernels::dispatch::Backend;
 use moek_kernels::ir::{BlockFormat, Target};
 use thiserror::Error;
+use moek_model::quantized::{Quantize, Scope};
 
 /// The one command-line name of a backend (`--backend`). `wgsl` is accepted for `wgpu`: it is
 /// the language `moek emit` prints for it.
@@ -89,6 +90,17 @@ pub fn block_formats() -> impl clap::builder::TypedValueParser<Value = BlockForm
     use clap::builder::TypedValueParser;
     clap::builder::PossibleValuesParser::new(BlockFormat::ALL.iter().map(|b| b.name()))
         .map(|s| BlockFormat::from_name(&s).expect("one of the possible values"))
+}
+
+/// `--quantize FORMAT` and `--quantize-experts-only` as the model reads them.
+pub fn quantize(format: Option<BlockFormat>, experts_only: bool) -> Option<Quantize> {
+    format.map(|format| Quantize {
+        format,
+        scope: match experts_only {
+            true => Scope::Experts,
+            false => Scope::Whole,
+        },
+    })
 }
 
 /// Where a command finds its spec: the built-ins, and specs read from a file ahead of them.

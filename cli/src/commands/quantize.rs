@@ -1,6 +1,7 @@
-//! `moek quantize --model DIR --dtype q8_0|q4_0|mxfp4 --out DIR2`: the checkpoint, of any family, with
-//! the tensors its family row names (`open::FamilyRow::quantized`: the expert banks and the
-//! largest matrices) in quantized blocks (`u8` tensors of blocks, the format named in the file's
+//! `moek quantize --model DIR --dtype q8_0|q4_0|mxfp4 --out DIR2 [--quantize-experts-only]`: the
+//! checkpoint, of any family, with the tensors its family row names (`open::FamilyRow::quantized`:
+//! every large matrix but the routers, or the expert banks, embedding and LM head only) in
+//! quantized blocks (`u8` tensors of blocks, the format named in the file's
 //! metadata; every other tensor as it was), which every command loads as it is. The config and
 //! tokenizer files are copied beside it.
 
@@ -16,9 +17,14 @@ pub struct QuantizeArgs {
     /// The checkpoint directory to read (config.json + safetensors), left as it is.
     #[arg(long)]
     pub model: PathBuf,
-    /// The block format of the expert banks.
+    /// The block format of every large matrix the family quantizes (the expert banks, the
+    /// embedding or LM head, attention's projections and the dense MLPs; never the routers).
     #[arg(long, value_parser = super::block_formats())]
     pub dtype: BlockFormat,
+    /// Leave attention and the dense MLPs as they are (the expert banks, embedding and LM head
+    /// only).
+    #[arg(long)]
+    pub quantize_experts_only: bool,
     /// The directory to write (created if missing; it must not hold a checkpoint already).
     #[arg(long)]
     pub out: PathBuf,
@@ -70,8 +76,9 @@ pub fn run(args: &QuantizeArgs) -> Result<ExitCode, CommandError> {
     std::fs::create_dir_all(&args.out).map_err(io(&args.out))?;
     // Written under a temporary name and renamed: a failed run leaves no half a checkpoint.
     let partial = args.out.join("model.safetensors.partial");
+    let quant = super::quantize(Some(args.dtype), args.quantize_experts_only).expect("a format");
     let in_blocks =
-        match moek_model::quantized::write_quantized(ck, row.quantized, args.dtype, &partial) {
+        match moek_model::quantized::write_quantized(ck, row.quantized, quant, &partial) {
             Ok(names) => names,
             Err(e) => {
                 let _ = std::fs::remove_file(&partial);

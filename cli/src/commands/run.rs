@@ -38,11 +38,16 @@ pub struct ModelArgs {
     /// kernels read what they uploaded.
     #[arg(long, value_enum)]
     pub weights: Option<Residence>,
-    /// Quantize the expert banks to these blocks as they are loaded (banks a checkpoint already
-    /// stores quantized are read as they are; attention, the dense MLP, the router and the
-    /// embedding stay in the checkpoint's dtype).
+    /// Quantize every large matrix to these blocks as it is loaded: the expert banks, the
+    /// embedding and LM head the family quantizes, attention's projections and the dense MLPs
+    /// (matrices a checkpoint already stores quantized are read as they are; the routers stay
+    /// in the checkpoint's dtype, norms and scales in f32).
     #[arg(long, value_parser = super::block_formats())]
     pub quantize: Option<BlockFormat>,
+    /// With `--quantize`: leave attention and the dense MLPs in the checkpoint's dtype
+    /// (quantize the expert banks, embedding and LM head only).
+    #[arg(long, requires = "quantize")]
+    pub quantize_experts_only: bool,
     /// Specs as `moek tune --write` writes them (several may follow one another in the file):
     /// checked as `kernel!` checks them, run from their schedules (no rebuild), ranked ahead of
     /// the built-ins. `--explain` names the ones that ran.
@@ -56,7 +61,7 @@ impl ModelArgs {
     pub fn options(&self) -> Result<Options, CommandError> {
         let mut options = Options {
             backend: self.backend.backend(),
-            quantize: self.quantize,
+            quantize: super::quantize(self.quantize, self.quantize_experts_only),
             weights: self.weights,
             variant: self.variant.clone(),
             ..Options::default()

@@ -6,9 +6,11 @@ use super::model::Model;
 use super::weights::{DecoderLayer, MoeBlock};
 use crate::forward::{LayerCache, ModelError, Trace, dense_mlp, routed_experts};
 use crate::ops::{self, linear, normed, rms_norm};
+use crate::quantized::Stored;
 use moek_kernels::Element;
 use moek_kernels::ir::Activation;
 use moek_kernels::ir::reference::Biases;
+use std::borrow::Cow;
 
 impl<W: Element> Model<'_, W> {
     /// One decoder layer (docs/gemma4.md); `x` is `[S, H]`.
@@ -41,7 +43,7 @@ impl<W: Element> Model<'_, W> {
             i,
             &normed(&h, hd, &lw.pre_feedforward_layernorm, eps),
             (hd, cfg.intermediate_size),
-            [&m.gate_proj, &m.up_proj, &m.down_proj],
+            m,
             Activation::GeluTanh,
             trace,
         )?;
@@ -80,7 +82,7 @@ impl<W: Element> Model<'_, W> {
         let (act, routes) = (Activation::GeluTanh, (&xn[..], &idx[..], &weights[..]));
         routed_experts(
             &self.kernels,
-            i,
+            (i, "moe"),
             act,
             &shape,
             routes,
@@ -105,7 +107,8 @@ impl<W: Element> Model<'_, W> {
                 .for_each(|(v, s)| *v = *v * s * k)
         });
         let s = h.len() / hd;
-        let logits = linear(&r, s, &mw.router.proj, moe.num_experts, hd);
+        let proj = Stored::Plain(Cow::Borrowed(&mw.router.proj[..]));
+        let logits = linear(&r, s, &proj, moe.num_experts, hd);
         let mut idx = Vec::with_capacity(s * moe.top_k_experts);
         let mut weights = Vec::with_capacity(s * moe.top_k_experts);
         for row in logits.chunks(moe.num_experts) {
@@ -140,11 +143,11 @@ impl<W: Element> Model<'_, W> {
         );
         let inv = ops::inv_freq(&layer.rope, d);
         // q, k and v (where the layer has its own) in one parallel loop.
-        let mut mats: Vec<(&[W], usize)> = vec![
+        let mut mats = vec![
             (&lw.self_attn.q_proj, nh * d),
             (&lw.self_attn.k_proj, kv * d),
         ];
-        mats.extend(lw.self_attn.v_proj.as_deref().map(|wv| (wv, kv * d)));
+        mats.extend(lw.self_attn.v_proj.as_ref().map(|wv| (wv, kv * d)));
         let mut qkv = ops::linears(xn, s, &mats, hd).into_iter();
         let (mut q, k_raw) = (qkv.next().expect("q"), qkv.next().expect("k"));
         let mut v = qkv.next().unwrap_or_else(|| k_raw.clone());

@@ -5,7 +5,7 @@
 use crate::checkpoint::LoadError;
 use crate::gemma4::config::{Attention, Config, Layer, Moe, Rope};
 use crate::gemma4::weights::{Source, Weights, build};
-use crate::quantized::Stored;
+use crate::quantized::{Quantize, Stored, for_rows};
 use moek_kernels::Element;
 use moek_kernels::ir::BlockFormat;
 use moek_kernels::testing::{uniform, uniform_blocks};
@@ -61,19 +61,19 @@ pub fn weights<W: Element>(cfg: &Config) -> Weights<'static, W> {
 
 /// The tiny model's weights as a [`Source`]: matrices uniform in +-1/sqrt(fan-in) (the
 /// embedding narrower), norms and scales 1 +- 0.3, layer `i`'s scalar 0.6 + 0.1 i; each kind
-/// from its own run of seeds, in the order [`build`] asks. With `quantize`, expert banks are
-/// drawn straight into blocks: the blocks of the values drawn without it.
+/// from its own run of seeds, in the order [`build`] asks. With `quantize`, the matrices it
+/// covers are drawn straight into blocks: the blocks of the values drawn without it.
 #[derive(Debug, Default)]
 pub struct Draw {
     matrices: u64,
     vectors: u64,
     scalars: usize,
-    quantize: Option<BlockFormat>,
+    quantize: Option<Quantize>,
 }
 
 impl Draw {
-    /// The tiny model's draw with expert banks in `quantize`'s blocks.
-    pub fn quantized(quantize: Option<BlockFormat>) -> Draw {
+    /// The tiny model's draw with the matrices `quantize` covers in its blocks.
+    pub fn quantized(quantize: Option<Quantize>) -> Draw {
         Draw {
             quantize,
             ..Draw::default()
@@ -94,6 +94,28 @@ impl Draw {
             1.0 / (fan_in as f32).sqrt(),
         )
     }
+
+    /// The next matrix, in `quant`'s blocks if set.
+    fn stored<W: Element>(
+        &mut self,
+        names: &[String],
+        shape: &[usize],
+        quant: Option<BlockFormat>,
+    ) -> Stored<'static, W> {
+        let (n, seed, scale) = self.next_matrix(names, shape);
+        match quant {
+            None => Stored::Plain(Cow::Owned(uniform(n, seed, scale))),
+            Some(BlockFormat::Q8_0) => {
+                Stored::Q8_0(Cow::Owned(uniform_blocks::<W, _>(n, seed, scale)))
+            }
+            Some(BlockFormat::Q4_0) => {
+                Stored::Q4_0(Cow::Owned(uniform_blocks::<W, _>(n, seed, scale)))
+            }
+            Some(BlockFormat::Mxfp4) => {
+                Stored::Mxfp4(Cow::Owned(uniform_blocks::<W, _>(n, seed, scale)))
+            }
+        }
+    }
 }
 
 impl<W: Element> Source<'static, W> for Draw {
@@ -107,15 +129,17 @@ impl<W: Element> Source<'static, W> for Draw {
     }
 
     fn bank(&mut self, names: &[String], shape: &[usize]) -> Result<Stored<'static, W>, LoadError> {
-        let Some(quant) = self.quantize else {
-            return Ok(Stored::Plain(self.matrix(names, shape)?));
-        };
-        let (n, seed, scale) = self.next_matrix(names, shape);
-        Ok(match quant {
-            BlockFormat::Q8_0 => Stored::Q8_0(Cow::Owned(uniform_blocks::<W, _>(n, seed, scale))),
-            BlockFormat::Q4_0 => Stored::Q4_0(Cow::Owned(uniform_blocks::<W, _>(n, seed, scale))),
-            BlockFormat::Mxfp4 => Stored::Mxfp4(Cow::Owned(uniform_blocks::<W, _>(n, seed, scale))),
-        })
+        let (banks, _) = Quantize::formats(self.quantize);
+        Ok(self.stored(names, shape, banks))
+    }
+
+    fn linear(
+        &mut self,
+        names: &[String],
+        shape: &[usize],
+    ) -> Result<Stored<'static, W>, LoadError> {
+        let linears = for_rows(Quantize::formats(self.quantize).1, shape);
+        Ok(self.stored(names, shape, linears))
     }
 
     fn vector(&mut self, names: &[String], shape: &[usize]) -> Result<Vec<f32>, LoadError> {

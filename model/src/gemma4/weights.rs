@@ -9,34 +9,25 @@ use crate::checkpoint::{
     Checkpoint, LoadError, QUANTIZATION_KEY, Residence, block_shape, dtype_of,
 };
 use crate::gemma4::config::{Config, Moe};
-use crate::quantized::Stored;
+use crate::quantized::{DenseMlp, Quantize, Stored, for_rows};
 use moek_kernels::Element;
-use moek_kernels::ir::BlockFormat;
 use moek_kernels::ir::DType;
-use moek_kernels::ir::quant::{BlockMxfp4, BlockQ4_0, BlockQ8_0};
+use moek_kernels::ir::quant::{BLOCK, BlockMxfp4, BlockQ4_0, BlockQ8_0};
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 use std::borrow::Cow;
 use std::path::Path;
 
-/// `self_attn.*`.
+/// `self_attn.*`: the projections in `W` or in blocks ([`crate::quantized::Scope`]).
 #[derive(Debug)]
 pub struct SelfAttn<'c, W: Clone> {
-    pub q_proj: Cow<'c, [W]>,
-    pub k_proj: Cow<'c, [W]>,
+    pub q_proj: Stored<'c, W>,
+    pub k_proj: Stored<'c, W>,
     /// Absent on `k_eq_v` layers (V is the K projection).
-    pub v_proj: Option<Cow<'c, [W]>>,
-    pub o_proj: Cow<'c, [W]>,
+    pub v_proj: Option<Stored<'c, W>>,
+    pub o_proj: Stored<'c, W>,
     pub q_norm: Vec<f32>,
     pub k_norm: Vec<f32>,
-}
-
-/// `mlp.*`: the dense MLP beside the experts.
-#[derive(Debug)]
-pub struct Mlp<'c, W: Clone> {
-    pub gate_proj: Cow<'c, [W]>,
-    pub up_proj: Cow<'c, [W]>,
-    pub down_proj: Cow<'c, [W]>,
 }
 
 /// `router.*`.
@@ -75,7 +66,8 @@ pub struct DecoderLayer<'c, W: Clone> {
     pub pre_feedforward_layernorm: Vec<f32>,
     pub post_feedforward_layernorm: Vec<f32>,
     pub self_attn: SelfAttn<'c, W>,
-    pub mlp: Mlp<'c, W>,
+    /// `mlp.*`: the dense MLP beside the experts.
+    pub mlp: DenseMlp<'c, W>,
     pub moe: Option<MoeBlock<'c, W>>,
     pub layer_scalar: f32,
 }
@@ -101,27 +93,20 @@ impl<W: Element> Weights<'_, W> {
     /// Bytes of every weight matrix as stored (norms and scales are f32 vectors, left out).
     pub fn bytes(&self) -> usize {
         let mut stored = self.embed_tokens.bytes() + self.lm_head.as_ref().map_or(0, |h| h.bytes());
-        let mut n = 0;
         for l in &self.layers {
-            let (a, m) = (&l.self_attn, &l.mlp);
-            n += [
-                &a.q_proj,
-                &a.k_proj,
-                &a.o_proj,
-                &m.gate_proj,
-                &m.up_proj,
-                &m.down_proj,
-            ]
-            .iter()
-            .map(|m| m.len())
-            .sum::<usize>();
-            n += a.v_proj.as_ref().map_or(0, |v| v.len());
+            let a = &l.self_attn;
+            stored += [&a.q_proj, &a.k_proj, &a.o_proj]
+                .into_iter()
+                .chain(&a.v_proj)
+                .map(|m| m.bytes())
+                .sum::<usize>();
+            stored += l.mlp.bytes();
             if let Some(m) = &l.moe {
-                n += m.router.proj.len();
+                stored += m.router.proj.len() * size_of::<W>();
                 stored += m.experts.gate_up_proj.bytes() + m.experts.down_proj.bytes();
             }
         }
-        n * std::mem::size_of::<W>() + stored
+        stored
     }
 }
 
@@ -145,12 +130,16 @@ pub trait Source<'c, W: Clone> {
     /// A matrix that may be stored quantized (the expert banks, the embedding and LM head): in
     /// `W`, or in the blocks it is stored or asked in.
     fn bank(&mut self, names: &[String], shape: &[usize]) -> Result<Stored<'c, W>, LoadError>;
+    /// One of attention's projections or a dense MLP's matrices: as [`Source::bank`], asked in
+    /// blocks only when the whole model is quantized and its rows are whole blocks
+    /// ([`for_rows`]).
+    fn linear(&mut self, names: &[String], shape: &[usize]) -> Result<Stored<'c, W>, LoadError>;
 }
 
 /// The model's tensors, in one table: what `cfg` needs, by checkpoint key and shape, read from
 /// `src`; `progress` is called after each layer. (Within each kind, matrices and vectors, the
 /// order is the tiny model's draw order.)
-pub fn build<'c, W: Clone>(
+pub fn build<'c, W: Element>(
     src: &mut impl Source<'c, W>,
     cfg: &Config,
     mut progress: impl FnMut(usize),
@@ -199,20 +188,32 @@ pub fn build<'c, W: Clone>(
             post_feedforward_layernorm: src
                 .vector(&key("post_feedforward_layernorm.weight"), &[h])?,
             self_attn: SelfAttn {
-                q_proj: src.matrix(&key("self_attn.q_proj.weight"), &[nh * d, h])?,
-                k_proj: src.matrix(&key("self_attn.k_proj.weight"), &[kv * d, h])?,
+                q_proj: src.linear(&key("self_attn.q_proj.weight"), &[nh * d, h])?,
+                k_proj: src.linear(&key("self_attn.k_proj.weight"), &[kv * d, h])?,
                 v_proj: match l.attention_k_eq_v {
                     true => None,
-                    false => Some(src.matrix(&key("self_attn.v_proj.weight"), &[kv * d, h])?),
+                    false => Some(src.linear(&key("self_attn.v_proj.weight"), &[kv * d, h])?),
                 },
-                o_proj: src.matrix(&key("self_attn.o_proj.weight"), &[h, nh * d])?,
+                o_proj: src.linear(&key("self_attn.o_proj.weight"), &[h, nh * d])?,
                 q_norm: src.vector(&key("self_attn.q_norm.weight"), &[d])?,
                 k_norm: src.vector(&key("self_attn.k_norm.weight"), &[d])?,
             },
-            mlp: Mlp {
-                gate_proj: src.matrix(&key("mlp.gate_proj.weight"), &[ff, h])?,
-                up_proj: src.matrix(&key("mlp.up_proj.weight"), &[ff, h])?,
-                down_proj: src.matrix(&key("mlp.down_proj.weight"), &[h, ff])?,
+            mlp: {
+                // In blocks whole or not at all: one of odd width keeps all three in `W`.
+                let blocks = [ff, h].iter().all(|n| n % BLOCK == 0);
+                let mut part = |name: &str, shape: &[usize]| {
+                    let names = key(name);
+                    let m = match blocks {
+                        true => src.linear(&names, shape)?,
+                        false => Stored::Plain(src.matrix(&names, shape)?),
+                    };
+                    Ok::<_, LoadError>((names[0].clone(), m))
+                };
+                DenseMlp::new([
+                    part("mlp.gate_proj.weight", &[ff, h])?,
+                    part("mlp.up_proj.weight", &[ff, h])?,
+                    part("mlp.down_proj.weight", &[h, ff])?,
+                ])?
             },
             moe,
             layer_scalar: src.vector(&key("layer_scalar"), &[1])?[0],
@@ -228,13 +229,13 @@ pub fn build<'c, W: Clone>(
 }
 
 /// Reads a checkpoint, checking names, shapes and dtypes; matrices live where `residence` says.
-/// Expert banks are read as stored, quantized or not; plain ones are quantized to `quantize`
-/// as they are read, if it is set.
+/// Matrices are read as stored, quantized or not; plain ones `quantize` covers are quantized as
+/// they are read.
 #[derive(Debug)]
 pub struct FromCheckpoint<'c> {
     pub checkpoint: &'c Checkpoint,
     pub residence: Residence,
-    pub quantize: Option<BlockFormat>,
+    pub quantize: Option<Quantize>,
 }
 
 impl<'c, W: Element> Source<'c, W> for FromCheckpoint<'c> {
@@ -248,7 +249,12 @@ impl<'c, W: Element> Source<'c, W> for FromCheckpoint<'c> {
         self.checkpoint.has(names)
     }
     fn bank(&mut self, names: &[String], shape: &[usize]) -> Result<Stored<'c, W>, LoadError> {
-        crate::quantized::read_bank(self.checkpoint, names, shape, self.residence, self.quantize)
+        let (banks, _) = Quantize::formats(self.quantize);
+        crate::quantized::read_bank(self.checkpoint, names, shape, self.residence, banks)
+    }
+    fn linear(&mut self, names: &[String], shape: &[usize]) -> Result<Stored<'c, W>, LoadError> {
+        let linears = for_rows(Quantize::formats(self.quantize).1, shape);
+        crate::quantized::read_bank(self.checkpoint, names, shape, self.residence, linears)
     }
 }
 
@@ -263,12 +269,12 @@ pub fn load<'c, W: Element>(
     load_quantized(ck, cfg, residence, None, progress)
 }
 
-/// [`load`], plain expert banks quantized to `quantize` as they are read (`--quantize`).
+/// [`load`], the plain matrices `quantize` covers quantized as they are read (`--quantize`).
 pub fn load_quantized<'c, W: Element>(
     ck: &'c Checkpoint,
     cfg: &Config,
     residence: Residence,
-    quantize: Option<BlockFormat>,
+    quantize: Option<Quantize>,
     progress: impl FnMut(usize),
 ) -> Result<Weights<'c, W>, LoadError> {
     let mut src = FromCheckpoint {
@@ -310,7 +316,19 @@ impl<'c, W: Element, S: Source<'c, W>> Source<'c, W> for Recorder<S, W> {
         self.inner.has(names)
     }
     fn bank(&mut self, names: &[String], shape: &[usize]) -> Result<Stored<'static, W>, LoadError> {
-        let (stored_shape, data) = match self.inner.bank(names, shape)? {
+        let m = self.inner.bank(names, shape)?;
+        Ok(self.record(names, shape, m))
+    }
+    fn linear(&mut self, names: &[String], shape: &[usize]) -> Result<Stored<'static, W>, LoadError> {
+        let m = self.inner.linear(names, shape)?;
+        Ok(self.record(names, shape, m))
+    }
+}
+
+impl<S, W: Element> Recorder<S, W> {
+    /// Keeps `m` (plain or in blocks) under `names[0]`; returns an empty stand-in.
+    fn record(&mut self, names: &[String], shape: &[usize], m: Stored<'_, W>) -> Stored<'static, W> {
+        let (stored_shape, data) = match m {
             Stored::Plain(m) => (shape.to_vec(), Data::Matrix(m.into_owned())),
             Stored::Q8_0(b) => (
                 block_shape::<BlockQ8_0>(shape),
@@ -326,7 +344,7 @@ impl<'c, W: Element, S: Source<'c, W>> Source<'c, W> for Recorder<S, W> {
             ),
         };
         self.tensors.push((names[0].clone(), stored_shape, data));
-        Ok(Stored::Plain(Cow::Owned(Vec::new())))
+        Stored::Plain(Cow::Owned(Vec::new()))
     }
 }
 

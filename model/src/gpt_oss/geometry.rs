@@ -86,7 +86,7 @@ pub fn weights<W: Element>(cfg: &Config, experts: BlockFormat) -> Weights<'stati
     let mut layers = vec![];
     for _ in &cfg.layers {
         let linear = |out: usize, inp: usize| Linear {
-            weight: matrix(out, inp),
+            weight: Stored::Plain(matrix(out, inp)),
             bias: small(out, 1),
         };
         let self_attn = SelfAttn {

@@ -153,7 +153,7 @@ impl<W: Element> Model<'_, W> {
         };
         routed_experts(
             &self.kernels,
-            i,
+            (i, "moe"),
             self.cfg.activation(),
             &self.cfg.moe_shape(s),
             (hn, &idx, &weights),
@@ -183,7 +183,7 @@ impl<W: Element> Model<'_, W> {
             positions.len(),
         );
         let a = &lw.self_attn;
-        let mats: Vec<(&[W], usize)> = vec![
+        let mats = vec![
             (&a.q_proj.weight, nh * d),
             (&a.k_proj.weight, kv * d),
             (&a.v_proj.weight, kv * d),

@@ -18,7 +18,7 @@
 
 use super::config::Config;
 use crate::checkpoint::{Checkpoint, LoadError, Residence};
-use crate::quantized::{Stored, read_bank};
+use crate::quantized::{Quantize, Scope, Stored, for_rows, linear_tensor, read_bank};
 use moek_kernels::Element;
 use moek_kernels::ir::BlockFormat;
 use moek_kernels::ir::quant::{BlockMxfp4, GROUP};
@@ -37,10 +37,11 @@ pub struct SelfAttn<'c, W: Clone> {
     pub sinks: Vec<f32>,
 }
 
-/// A projection: `weight` `[out, in]` and `bias` `[out]`.
+/// A projection: `weight` `[out, in]` (in `W`, or in blocks for attention's projections of a
+/// model quantized whole) and `bias` `[out]`.
 #[derive(Debug)]
 pub struct Linear<'c, W: Clone> {
-    pub weight: Cow<'c, [W]>,
+    pub weight: Stored<'c, W>,
     pub bias: Vec<f32>,
 }
 
@@ -87,11 +88,11 @@ impl<W: Element> Weights<'_, W> {
     /// Bytes of every matrix as stored, biases and norms aside.
     pub fn bytes(&self) -> usize {
         let mut stored = self.lm_head.bytes();
-        let mut n = self.embed_tokens.len();
+        let n = self.embed_tokens.len();
         for l in &self.layers {
             let a = &l.self_attn;
             for p in [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &l.mlp.router] {
-                n += p.weight.len();
+                stored += p.weight.bytes();
             }
             stored += l.mlp.experts.gate_up_proj.bytes() + l.mlp.experts.down_proj.bytes();
         }
@@ -103,11 +104,12 @@ fn key(s: &str) -> Vec<String> {
     vec![s.to_string()]
 }
 
-/// Whether `name` is a tensor `moek quantize` stores in blocks for gpt-oss: the untied LM head.
-/// The experts' parameters are input by output (blocks would run along the wrong extent), so
-/// they are quantized at load, after the transpose (`--quantize`), or shipped in MXFP4.
-pub fn quantized_tensor(name: &str) -> bool {
-    name == "lm_head.weight"
+/// Whether `name` is a tensor `moek quantize` stores in blocks for gpt-oss: the untied LM head,
+/// and for the whole model attention's projections. The experts' parameters are input by
+/// output (blocks would run along the wrong extent), so they are quantized at load, after the
+/// transpose (`--quantize`), or shipped in MXFP4.
+pub fn quantized_tensor(name: &str, scope: Scope) -> bool {
+    name == "lm_head.weight" || (scope == Scope::Whole && linear_tensor(name))
 }
 
 /// Loads every weight `cfg` needs from `ck`, checking names, shapes and dtypes; the expert
@@ -117,17 +119,20 @@ pub fn load_quantized<'c, W: Element>(
     ck: &'c Checkpoint,
     cfg: &Config,
     residence: Residence,
-    quantize: Option<BlockFormat>,
+    quantize: Option<Quantize>,
     mut progress: impl FnMut(usize),
 ) -> Result<Weights<'c, W>, LoadError> {
+    let (quantize, linears) = Quantize::formats(quantize);
     let (h, v, d) = (cfg.hidden_size, cfg.vocab_size, cfg.head_dim);
     let (nh, kv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
     let (e, f) = (cfg.moe.num_local_experts, cfg.moe.intermediate_size);
     let matrix = |name: &str, shape: &[usize]| ck.matrix::<W>(&key(name), shape, residence);
     let vector = |name: &str, n: usize| ck.f32s(&key(name), &[n]);
-    let linear = |name: &str, out: usize, inp: usize| {
+    // `blocks`: the format a plain weight is quantized to as it is read.
+    let linear = |name: &str, out: usize, inp: usize, blocks: Option<BlockFormat>| {
+        let weight = key(&format!("{name}.weight"));
         Ok::<_, LoadError>(Linear {
-            weight: matrix(&format!("{name}.weight"), &[out, inp])?,
+            weight: read_bank(ck, &weight, &[out, inp], residence, for_rows(blocks, &[inp]))?,
             bias: vector(&format!("{name}.bias"), out)?,
         })
     };
@@ -172,14 +177,14 @@ pub fn load_quantized<'c, W: Element>(
             input_layernorm: vector(&k("input_layernorm.weight"), h)?,
             post_attention_layernorm: vector(&k("post_attention_layernorm.weight"), h)?,
             self_attn: SelfAttn {
-                q_proj: linear(&k("self_attn.q_proj"), nh * d, h)?,
-                k_proj: linear(&k("self_attn.k_proj"), kv * d, h)?,
-                v_proj: linear(&k("self_attn.v_proj"), kv * d, h)?,
-                o_proj: linear(&k("self_attn.o_proj"), h, nh * d)?,
+                q_proj: linear(&k("self_attn.q_proj"), nh * d, h, linears)?,
+                k_proj: linear(&k("self_attn.k_proj"), kv * d, h, linears)?,
+                v_proj: linear(&k("self_attn.v_proj"), kv * d, h, linears)?,
+                o_proj: linear(&k("self_attn.o_proj"), h, nh * d, linears)?,
                 sinks: vector(&k("self_attn.sinks"), nh)?,
             },
             mlp: Mlp {
-                router: linear(&k("mlp.router"), e, h)?,
+                router: linear(&k("mlp.router"), e, h, None)?,
                 experts: Experts {
                     gate_up_proj,
                     gate_up_proj_bias: gate_first(&gate_up_bias, e, f),

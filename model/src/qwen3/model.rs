@@ -10,6 +10,8 @@ use crate::forward::{
     every_position_cache_bytes, head_rows, routed_experts, step,
 };
 use crate::ops::{self, linear, normed, rms_norm};
+use crate::quantized::Stored;
+use std::borrow::Cow;
 use moek_kernels::ir::reference::Biases;
 use moek_kernels::ir::{Activation, Function, Op};
 use moek_kernels::{Element, Shape};
@@ -133,7 +135,7 @@ impl<W: Element> Model<'_, W> {
                 i,
                 &hn,
                 (hd, self.cfg.intermediate_size),
-                [&m.gate_proj, &m.up_proj, &m.down_proj],
+                m,
                 Activation::Silu,
                 trace,
             )?,
@@ -151,7 +153,8 @@ impl<W: Element> Model<'_, W> {
     ) -> Result<Vec<f32>, ModelError> {
         let (hd, m) = (self.cfg.hidden_size, self.cfg.moe);
         let s = hn.len() / hd;
-        let logits = linear(hn, s, &moe.gate, m.num_experts, hd);
+        let gate = Stored::Plain(Cow::Borrowed(&moe.gate[..]));
+        let logits = linear(hn, s, &gate, m.num_experts, hd);
         let mut idx = Vec::with_capacity(s * m.num_experts_per_tok);
         let mut weights = Vec::with_capacity(s * m.num_experts_per_tok);
         for row in logits.chunks(m.num_experts) {
@@ -175,7 +178,7 @@ impl<W: Element> Model<'_, W> {
         let (act, routes) = (Activation::Silu, (hn, &idx[..], &weights[..]));
         routed_experts(
             &self.kernels,
-            i,
+            (i, "moe"),
             act,
             &shape,
             routes,
@@ -204,7 +207,7 @@ impl<W: Element> Model<'_, W> {
             positions.len(),
         );
         let a = &lw.self_attn;
-        let mats: Vec<(&[W], usize)> = vec![
+        let mats = vec![
             (&a.q_proj, nh * d),
             (&a.k_proj, kv * d),
             (&a.v_proj, kv * d),

@@ -6,28 +6,21 @@
 
 use super::config::{Config, Mlp as Kind};
 use crate::checkpoint::{Checkpoint, LoadError, Residence};
-use crate::quantized::{Stored, read_bank};
+use crate::quantized::{DenseMlp, Quantize, Scope, Stored, for_rows, linear_tensor, read_bank};
+use moek_kernels::ir::quant::BLOCK;
 use moek_kernels::Element;
 use moek_kernels::ir::BlockFormat;
 use std::borrow::Cow;
 
-/// `self_attn.*`.
+/// `self_attn.*`: the projections in `W` or in blocks ([`crate::quantized::Scope`]).
 #[derive(Debug)]
 pub struct SelfAttn<'c, W: Clone> {
-    pub q_proj: Cow<'c, [W]>,
-    pub k_proj: Cow<'c, [W]>,
-    pub v_proj: Cow<'c, [W]>,
-    pub o_proj: Cow<'c, [W]>,
+    pub q_proj: Stored<'c, W>,
+    pub k_proj: Stored<'c, W>,
+    pub v_proj: Stored<'c, W>,
+    pub o_proj: Stored<'c, W>,
     pub q_norm: Vec<f32>,
     pub k_norm: Vec<f32>,
-}
-
-/// A dense `mlp.*` (the layers of `mlp_only_layers`).
-#[derive(Debug)]
-pub struct Mlp<'c, W: Clone> {
-    pub gate_proj: Cow<'c, [W]>,
-    pub up_proj: Cow<'c, [W]>,
-    pub down_proj: Cow<'c, [W]>,
 }
 
 /// The routed `mlp.*`: the router (`gate`) and the gathered expert banks.
@@ -45,7 +38,8 @@ pub struct SparseMoe<'c, W: Clone> {
 #[derive(Debug)]
 pub enum Feedforward<'c, W: Clone> {
     Sparse(SparseMoe<'c, W>),
-    Dense(Mlp<'c, W>),
+    /// A dense `mlp.*` (the layers of `mlp_only_layers`).
+    Dense(DenseMlp<'c, W>),
 }
 
 /// `model.layers.{i}.*`.
@@ -83,15 +77,16 @@ impl<W: Element> Weights<'_, W> {
         let mut n = self.embed_tokens.len();
         for l in &self.layers {
             let a = &l.self_attn;
-            n += a.q_proj.len() + a.k_proj.len() + a.v_proj.len() + a.o_proj.len();
+            stored += [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj]
+                .map(|m| m.bytes())
+                .iter()
+                .sum::<usize>();
             match &l.mlp {
                 Feedforward::Sparse(m) => {
                     n += m.gate.len();
                     stored += m.gate_up_proj.bytes() + m.down_proj.bytes();
                 }
-                Feedforward::Dense(m) => {
-                    n += m.gate_proj.len() + m.up_proj.len() + m.down_proj.len()
-                }
+                Feedforward::Dense(m) => stored += m.bytes(),
             }
         }
         n * size_of::<W>() + stored
@@ -113,25 +108,34 @@ pub fn load<'c, W: Element>(
     load_quantized(ck, cfg, residence, None, progress)
 }
 
-/// Whether `name` is a tensor a quantized Qwen3-MoE checkpoint stores in blocks (`moek
-/// quantize`): each expert's matrices, gathered into banks at load, and an untied LM head.
-pub fn quantized_tensor(name: &str) -> bool {
-    name.contains(".mlp.experts.") || name == "lm_head.weight"
+/// Whether `name` is a tensor a Qwen3-MoE checkpoint quantized to `scope` stores in blocks
+/// (`moek quantize`): each expert's matrices, gathered into banks at load, an untied LM head,
+/// and for the whole model attention's projections and the dense MLPs.
+pub fn quantized_tensor(name: &str, scope: Scope) -> bool {
+    name.contains(".mlp.experts.")
+        || name == "lm_head.weight"
+        || (scope == Scope::Whole && linear_tensor(name))
 }
 
-/// [`load`], the gathered expert banks and an untied LM head quantized to `quantize` as they
-/// are read (`--quantize`); a checkpoint `moek quantize` wrote holds each expert's matrices in
-/// blocks already, and they are gathered as they are.
+/// [`load`], the matrices `quantize` covers (the gathered expert banks, an untied LM head, and
+/// for the whole model attention and the dense MLPs) quantized as they are read
+/// (`--quantize`); a checkpoint `moek quantize` wrote holds them in blocks already, each
+/// expert's matrices gathered as they are.
 pub fn load_quantized<'c, W: Element>(
     ck: &'c Checkpoint,
     cfg: &Config,
     residence: Residence,
-    quantize: Option<BlockFormat>,
+    quantize: Option<Quantize>,
     mut progress: impl FnMut(usize),
 ) -> Result<Weights<'c, W>, LoadError> {
+    let (quantize, linears) = Quantize::formats(quantize);
     let (h, v, d) = (cfg.hidden_size, cfg.vocab_size, cfg.head_dim);
     let (nh, kv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
     let matrix = |name: &str, shape: &[usize]| ck.matrix::<W>(&key(name), shape, residence);
+    let linear = |name: &str, shape: &[usize]| {
+        let m = read_bank(ck, &key(name), shape, residence, for_rows(linears, shape))?;
+        Ok::<_, LoadError>((name.to_string(), m))
+    };
     let embed_tokens = matrix("model.embed_tokens.weight", &[v, h])?;
     let lm_head = match cfg.tie_word_embeddings {
         true => None,
@@ -150,11 +154,16 @@ pub fn load_quantized<'c, W: Element>(
         let mlp = match kind {
             Kind::Dense => {
                 let f = cfg.intermediate_size;
-                Feedforward::Dense(Mlp {
-                    gate_proj: matrix(&k("mlp.gate_proj.weight"), &[f, h])?,
-                    up_proj: matrix(&k("mlp.up_proj.weight"), &[f, h])?,
-                    down_proj: matrix(&k("mlp.down_proj.weight"), &[h, f])?,
-                })
+                // In blocks whole or not at all: one of odd width keeps all three in `W`.
+                let part = |name: &str, shape: &[usize]| match (f % BLOCK, h % BLOCK) {
+                    (0, 0) => linear(name, shape),
+                    _ => Ok((name.to_string(), Stored::Plain(matrix(name, shape)?))),
+                };
+                Feedforward::Dense(DenseMlp::new([
+                    part(&k("mlp.gate_proj.weight"), &[f, h])?,
+                    part(&k("mlp.up_proj.weight"), &[f, h])?,
+                    part(&k("mlp.down_proj.weight"), &[h, f])?,
+                ])?)
             }
             Kind::Sparse => {
                 let (e, f) = (cfg.moe.num_experts, cfg.moe.moe_intermediate_size);
@@ -194,10 +203,10 @@ pub fn load_quantized<'c, W: Element>(
             input_layernorm: ck.f32s(&key(&k("input_layernorm.weight")), &[h])?,
             post_attention_layernorm: ck.f32s(&key(&k("post_attention_layernorm.weight")), &[h])?,
             self_attn: SelfAttn {
-                q_proj: matrix(&k("self_attn.q_proj.weight"), &[nh * d, h])?,
-                k_proj: matrix(&k("self_attn.k_proj.weight"), &[kv * d, h])?,
-                v_proj: matrix(&k("self_attn.v_proj.weight"), &[kv * d, h])?,
-                o_proj: matrix(&k("self_attn.o_proj.weight"), &[h, nh * d])?,
+                q_proj: linear(&k("self_attn.q_proj.weight"), &[nh * d, h])?.1,
+                k_proj: linear(&k("self_attn.k_proj.weight"), &[kv * d, h])?.1,
+                v_proj: linear(&k("self_attn.v_proj.weight"), &[kv * d, h])?.1,
+                o_proj: linear(&k("self_attn.o_proj.weight"), &[h, nh * d])?.1,
                 q_norm: ck.f32s(&key(&k("self_attn.q_norm.weight")), &[d])?,
                 k_norm: ck.f32s(&key(&k("self_attn.k_norm.weight")), &[d])?,
             },

@@ -32,14 +32,19 @@ pub struct BenchArgs {
     /// huge pages.
     #[arg(long, value_enum)]
     pub from_file: Option<moek_model::checkpoint::Residence>,
-    /// Model bench: the expert banks drawn straight into these quantized blocks (the rest stays
-    /// bf16); bytes per decode step are counted as stored.
+    /// Model bench: every large matrix (expert banks, embedding, attention's projections, the
+    /// dense MLP; not the router) drawn straight into these quantized blocks; bytes per decode
+    /// step are counted as stored.
     #[arg(long, value_parser = super::block_formats())]
     pub dtype: Option<moek_kernels::ir::BlockFormat>,
-    /// Model bench with `--from-file`: the bf16 file written, its expert banks and embedding
-    /// quantized to these blocks as they are loaded (as `--quantize` on `logits`/`generate`).
+    /// Model bench with `--from-file`: the bf16 file written, quantized to these blocks as it
+    /// is loaded (as `--quantize` on `logits`/`generate`).
     #[arg(long, value_parser = super::block_formats(), requires = "from_file", conflicts_with = "dtype")]
     pub quantize: Option<moek_kernels::ir::BlockFormat>,
+    /// With `--dtype` or `--quantize`: the expert banks and embedding only, attention and the
+    /// dense MLP in bf16.
+    #[arg(long)]
+    pub quantize_experts_only: bool,
     /// Model bench: draw each figure against its roof (decode against the probed bandwidth's
     /// ceiling, prefill against the level's peak) into this SVG; without `--dtype` or
     /// `--quantize`, bf16 and every block format are measured, one after another.

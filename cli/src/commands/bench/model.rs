@@ -12,6 +12,7 @@ use moek_kernels::ir::BlockFormat;
 use moek_model::checkpoint::{Checkpoint, LoadError};
 use moek_model::forward::{Cache, CausalLm, Head, Trace};
 use moek_model::gemma4::model::Model;
+use moek_model::quantized::{Quantize, Scope};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -25,9 +26,12 @@ pub struct ModelFigures {
     /// Where the weights live: `memory` (built in huge pages), or the `--from-file` residence
     /// (`mapped`, `huge-pages`).
     pub weights: String,
-    /// The block format of the expert banks and the embedding (`--dtype`), if quantized; every
-    /// other matrix is bf16.
+    /// The block format of the quantized matrices (`--dtype`), if any; every other matrix is
+    /// bf16.
     pub quantized: Option<String>,
+    /// Which matrices are in `quantized`'s blocks: `whole` (every one but the router) or
+    /// `experts` (the expert banks and the embedding).
+    pub quantized_scope: Option<&'static str>,
     pub isa: &'static str,
     pub threads: usize,
     pub prompt_tokens: usize,
@@ -124,9 +128,10 @@ fn report(f: &ModelFigures, format: Format) {
                 f.backend,
                 f.isa,
                 f.threads,
-                match &f.quantized {
-                    Some(q) => format!("{q} experts and embedding, bf16 elsewhere"),
-                    None => "bf16".into(),
+                match (&f.quantized, f.quantized_scope) {
+                    (Some(q), Some("whole")) => format!("{q} whole model, bf16 router"),
+                    (Some(q), _) => format!("{q} experts and embedding, bf16 elsewhere"),
+                    (None, _) => "bf16".into(),
                 },
                 f.weights
             );
@@ -220,12 +225,14 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
         Geometry::Gemma4_26bA4b => {
             let cfg = moek_model::gemma4::tiny::gemma4_26b(layers);
             let ck;
-            let draw = moek_model::gemma4::tiny::Draw::quantized(args.dtype);
+            let experts_only = args.quantize_experts_only;
+            let drawn = crate::commands::quantize(args.dtype, experts_only);
+            let draw = moek_model::gemma4::tiny::Draw::quantized(drawn);
             let weights = match args.from_file {
                 None => moek_model::gemma4::weights::build(&mut { draw }, &cfg, |_| {})?,
                 Some(residence) => {
                     ck = written(&cfg, draw)?;
-                    let q = args.quantize;
+                    let q = crate::commands::quantize(args.quantize, experts_only);
                     moek_model::gemma4::weights::load_quantized::<bf16>(
                         &ck,
                         &cfg,
@@ -236,7 +243,7 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
                 }
             };
             let weights_bytes = weights.bytes() as u64;
-            let quant = args.dtype.or(args.quantize);
+            let quant = crate::commands::quantize(args.dtype.or(args.quantize), experts_only);
             let work = Work::gemma4(&cfg, PROMPT, quant);
             let vocab = cfg.vocab_size;
             let model = Model::new(cfg, weights, args.backend.backend());
@@ -246,14 +253,15 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
         Geometry::Qwen3_30bA3b => {
             if args.dtype.or(args.quantize).is_some() {
                 return Err(CommandError::Usage(
-                    "`--dtype` and `--quantize` quantize the 26b-a4b geometry's experts and \
-                     embedding; qwen3-30b-a3b runs bf16"
+                    "`--dtype` and `--quantize` quantize the 26b-a4b geometry; qwen3-30b-a3b \
+                     runs bf16"
                         .into(),
                 ));
             }
             if args.from_file.is_some() {
                 return Err(CommandError::Usage(
-                    "`--from-file` writes and loads the 26b-a4b geometry's checkpoint;                      qwen3-30b-a3b is built in memory only"
+                    "`--from-file` writes and loads the 26b-a4b geometry's checkpoint; \
+                     qwen3-30b-a3b is built in memory only"
                         .into(),
                 ));
             }
@@ -283,18 +291,22 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
             let vocab = cfg.vocab_size;
             let model =
                 moek_model::gpt_oss::model::Model::new(cfg, weights, args.backend.backend());
-            let at = ("gpt-oss-20b", layers, Some(experts));
+            let shipped = Quantize {
+                format: experts,
+                scope: Scope::Experts,
+            };
+            let at = ("gpt-oss-20b", layers, Some(shipped));
             timed(args, at, &model, vocab, weights_bytes, work)
         }
     }
 }
 
 /// Times prefills of a 512-token prompt and decode steps of `model` (at `geometry` with `layers`
-/// layers, its banks in `quantized` blocks if set), each step against the read bandwidth probed
-/// just before it.
+/// layers, the matrices `quantized` covers in its blocks if set), each step against the read
+/// bandwidth probed just before it.
 fn timed(
     args: &BenchArgs,
-    (geometry, layers, quantized): (&str, usize, Option<BlockFormat>),
+    (geometry, layers, quantized): (&str, usize, Option<Quantize>),
     model: &impl CausalLm,
     vocab: usize,
     weights_bytes: u64,
@@ -368,7 +380,11 @@ fn timed(
         geometry: geometry.into(),
         layers,
         backend: format!("{backend:?}").to_lowercase(),
-        quantized: quantized.map(|q| q.to_string()),
+        quantized: quantized.map(|q| q.format.to_string()),
+        quantized_scope: quantized.map(|q| match q.scope {
+            Scope::Whole => "whole",
+            Scope::Experts => "experts",
+        }),
         weights: args
             .from_file
             .and_then(|r| clap::ValueEnum::to_possible_value(&r))
@@ -414,18 +430,19 @@ impl Work {
     /// the eight selected experts (the KV cache is small beside them at this length). Per
     /// prefill of `s` tokens: two FLOPs per multiply-add of every matrix product, attention over
     /// the visible keys, and the LM head on the final row.
-    /// Expert weights and the embedding (the LM head) take `quant`'s bytes per value as stored
-    /// (scales included).
+    /// The matrices `quant` covers take its bytes per value as stored (scales included).
     fn gemma4(
         cfg: &moek_model::gemma4::config::Config,
         s: usize,
-        quant: Option<moek_kernels::ir::BlockFormat>,
+        quant: Option<Quantize>,
     ) -> Work {
         let (h, e, st) = (cfg.hidden_size as f64, 2.0, s as f64);
-        let quantized_bytes = quant.map_or(e, |q| {
+        let bytes = |q: Option<BlockFormat>| {
             let block = moek_kernels::ir::quant::BLOCK;
-            q.block_bytes(block) as f64 / block as f64
-        });
+            q.map_or(e, |q| q.block_bytes(block) as f64 / block as f64)
+        };
+        let (banks, linears) = Quantize::formats(quant);
+        let (quantized_bytes, dense_bytes) = (bytes(banks), bytes(linears));
         let mut decode_bytes = cfg.vocab_size as f64 * h * quantized_bytes;
         let mut prefill_flops = 2.0 * cfg.vocab_size as f64 * h;
         let mut moe_decode = 0.0;
@@ -438,7 +455,7 @@ impl Work {
             let v = if l.attention_k_eq_v { 0.0 } else { kv * d * h };
             let dense =
                 (2.0 * nh * d * h + kv * d * h + v) + 3.0 * cfg.intermediate_size as f64 * h;
-            decode_bytes += dense * e;
+            decode_bytes += dense * dense_bytes;
             prefill_flops += 2.0 * st * dense;
             // Causal: query i sees i + 1 keys, at most the window on sliding layers.
             let window = match l.attention {

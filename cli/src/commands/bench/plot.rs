@@ -153,6 +153,7 @@ mod tests {
             backend: "cpu".into(),
             weights: "memory".into(),
             quantized: quantized.map(Into::into),
+            quantized_scope: quantized.map(|_| "whole"),
             isa: "avx2",
             threads: 2,
             prompt_tokens: 512,

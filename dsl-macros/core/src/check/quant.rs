@@ -89,7 +89,7 @@ impl Checker {
     }
 
     /// The dims weight rows run along (H for gate/up, F for down), their reduction blocks and
-    /// their core splits must fall on block boundaries. A dim the declared block size does not
+    /// their core splits in a phase that sums over them must fall on block boundaries. A dim the declared block size does not
     /// divide is an error on that size; with the default block, on the dim.
     fn whole_blocks(&mut self, k: &Kernel, p: &Parsed, dtype: DType) {
         let block = k.quant_block;
@@ -155,10 +155,13 @@ impl Checker {
                     );
                 }
             }
-            for (_, _, cores) in &p.cores {
+            // A split cuts weight rows only in a phase that sums over its dim (F cuts gate/up's
+            // outputs, not their rows; H likewise down's).
+            for (phase, _, cores) in &p.cores {
+                let reduces = k.op.reduction_dims(*phase).contains(&dim);
                 for (d, lit) in cores.dims.iter().zip(&cores.parts) {
                     let parts: usize = lit.base10_parse().unwrap_or(1);
-                    if d != dim.name() || parts <= 1 {
+                    if d != dim.name() || parts <= 1 || !reduces {
                         continue;
                     }
                     if let Some(n) = size
