@@ -92,7 +92,10 @@ fn quantize_names_the_tensors_it_put_in_blocks() {
     );
     std::fs::remove_dir_all(dir).unwrap();
     let said = quantize(src, "q8_0", dir);
-    assert!(said.contains(" tensors (`") && said.contains("in q8_0 blocks"), "{said}");
+    assert!(
+        said.contains(" tensors (`") && said.contains("in q8_0 blocks"),
+        "{said}"
+    );
     let ck = Checkpoint::open(&out.0).unwrap();
     let q = "model.layers.0.self_attn.q_proj.weight".to_string();
     let router = "model.layers.0.mlp.router.weight".to_string();
@@ -179,7 +182,15 @@ fn quantize_at_load_runs_the_quantized_variants() {
     let src = common::fixture("tiny-qwen3-moe-f32").0;
     let explain = |more: &[&str]| {
         let src = src.to_str().unwrap();
-        let args = ["logits", "--model", src, "--tokens", "5,6,7", "--quantize", "q8_0"];
+        let args = [
+            "logits",
+            "--model",
+            src,
+            "--tokens",
+            "5,6,7",
+            "--quantize",
+            "q8_0",
+        ];
         let run = moek(&[&args[..], more, &["--explain"]].concat());
         assert!(
             run.status.success(),

@@ -319,7 +319,9 @@ pub(crate) fn dense_mlp<W: Element>(
             let banks = ((gate_up_proj, down_proj), Biases::default());
             let routes = (xn, &idx[..], &weights[..]);
             let at = (layer, what);
-            routed_experts(kernels, at, activation, &shape, routes, banks, &mut out, None, trace)?;
+            routed_experts(
+                kernels, at, activation, &shape, routes, banks, &mut out, None, trace,
+            )?;
         }
     }
     Ok(out)

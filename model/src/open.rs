@@ -6,9 +6,9 @@
 use crate::checkpoint::{Checkpoint, LoadError, Residence};
 use crate::config::Family;
 use crate::forward::{Cache, CausalLm, Head, Kernels, ModelError, Trace};
+use crate::quantized::{Quantize, Scope};
 use crate::{gemma4, gpt_oss, qwen3};
 use half::{bf16, f16};
-use crate::quantized::{Quantize, Scope};
 use moek_kernels::ir::{Activation, DType};
 use moek_kernels::{Backend, Registry, Shape};
 use safetensors::Dtype;
@@ -126,9 +126,12 @@ pub const FAMILIES: &[FamilyRow] = &[
         family: Family::Gemma4,
         // q_proj is in blocks in a model quantized whole, the router never.
         dtype_tensor: || {
-            ["layers.0.self_attn.q_proj.weight", "layers.0.router.proj.weight"]
-                .map(gemma4::weights::names)
-                .to_vec()
+            [
+                "layers.0.self_attn.q_proj.weight",
+                "layers.0.router.proj.weight",
+            ]
+            .map(gemma4::weights::names)
+            .to_vec()
         },
         layers: |v| Ok(gemma4::config::Config::from_json(v)?.layers.len()),
         eos: |v| Ok(gemma4::config::Config::from_json(v)?.eos_token_id),

@@ -221,7 +221,11 @@ impl<'c, W: Element> DenseMlp<'c, W> {
                 gate_proj,
                 up_proj,
                 down_proj,
-            } => size_of_val(&gate_proj[..]) + size_of_val(&up_proj[..]) + size_of_val(&down_proj[..]),
+            } => {
+                size_of_val(&gate_proj[..])
+                    + size_of_val(&up_proj[..])
+                    + size_of_val(&down_proj[..])
+            }
             DenseMlp::Blocks {
                 gate_up_proj,
                 down_proj,
@@ -318,30 +322,32 @@ pub fn write_quantized(
         let (dtype, shape, bytes) = ck.raw(name).expect("a listed tensor");
         let plain = matches!(dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32);
         let whole_rows = !linear_tensor(name) || linear_in_blocks(name, shape);
-        tensors.push(if quantized(name, scope) && plain && shape.len() >= 2 && whole_rows {
-            match quant {
-                BlockFormat::Q8_0 => (
-                    name,
-                    Dtype::U8,
-                    block_shape::<BlockQ8_0>(shape),
-                    Cow::Owned(blocks_of::<BlockQ8_0>(ck, name, dtype, shape)?),
-                ),
-                BlockFormat::Q4_0 => (
-                    name,
-                    Dtype::U8,
-                    block_shape::<BlockQ4_0>(shape),
-                    Cow::Owned(blocks_of::<BlockQ4_0>(ck, name, dtype, shape)?),
-                ),
-                BlockFormat::Mxfp4 => (
-                    name,
-                    Dtype::U8,
-                    block_shape::<BlockMxfp4>(shape),
-                    Cow::Owned(blocks_of::<BlockMxfp4>(ck, name, dtype, shape)?),
-                ),
-            }
-        } else {
-            (name, dtype, shape.to_vec(), Cow::Borrowed(bytes))
-        });
+        tensors.push(
+            if quantized(name, scope) && plain && shape.len() >= 2 && whole_rows {
+                match quant {
+                    BlockFormat::Q8_0 => (
+                        name,
+                        Dtype::U8,
+                        block_shape::<BlockQ8_0>(shape),
+                        Cow::Owned(blocks_of::<BlockQ8_0>(ck, name, dtype, shape)?),
+                    ),
+                    BlockFormat::Q4_0 => (
+                        name,
+                        Dtype::U8,
+                        block_shape::<BlockQ4_0>(shape),
+                        Cow::Owned(blocks_of::<BlockQ4_0>(ck, name, dtype, shape)?),
+                    ),
+                    BlockFormat::Mxfp4 => (
+                        name,
+                        Dtype::U8,
+                        block_shape::<BlockMxfp4>(shape),
+                        Cow::Owned(blocks_of::<BlockMxfp4>(ck, name, dtype, shape)?),
+                    ),
+                }
+            } else {
+                (name, dtype, shape.to_vec(), Cow::Borrowed(bytes))
+            },
+        );
     }
     let format = |why: String| LoadError::Format {
         path: path.to_path_buf(),
@@ -404,7 +410,11 @@ mod tests {
         };
         let ((got, ran), (want, _)) = (run(&mlp(false)), run(&mlp(true)));
         assert_eq!(ran.choice.kernel, "dense_mlp_quantized_silu", "{ran:?}");
-        let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let err = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
         assert!(err <= 1e-5 * scale, "max error {err} of {scale}");
     }

@@ -9,9 +9,7 @@ use moek_kernels::testing::uniform;
 use moek_model::forward::Kernels;
 use moek_model::gemma4::model::Model;
 use moek_model::gemma4::tiny;
-use moek_model::gemma4::weights::{
-    DecoderLayer, Experts, MoeBlock, Router, SelfAttn, Weights,
-};
+use moek_model::gemma4::weights::{DecoderLayer, Experts, MoeBlock, Router, SelfAttn, Weights};
 use moek_model::quantized::{DenseMlp, Stored};
 use std::borrow::Cow;
 

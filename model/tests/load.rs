@@ -314,8 +314,7 @@ fn saved_weights_load_back_mapped_or_in_huge_pages() {
         ) else {
             panic!("a bf16 checkpoint's matrices load as bf16");
         };
-        let owned = [embed, q, down_proj]
-        .map(|m| matches!(m, std::borrow::Cow::Owned(_)));
+        let owned = [embed, q, down_proj].map(|m| matches!(m, std::borrow::Cow::Owned(_)));
         assert_eq!(
             owned,
             [residence == Residence::HugePages; 3],

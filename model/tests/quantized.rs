@@ -125,7 +125,7 @@ fn check_on(quant: Quantize, backend: Backend) -> usize {
     );
     // This fixture's dense MLP is 48 wide, not whole blocks: it stays in f32 (the Qwen3 test
     // below runs a dense MLP in blocks).
-    let whole_rows = model.cfg.intermediate_size % 32 == 0;
+    let whole_rows = model.cfg.intermediate_size.is_multiple_of(32);
     assert_eq!(
         matches!(layer.mlp, DenseMlp::Blocks { .. }),
         whole && whole_rows
@@ -194,7 +194,10 @@ fn experts(format: BlockFormat) -> Quantize {
 
 #[test]
 fn q8_0_logits_stay_within_the_formats_bound() {
-    for quant in [experts(BlockFormat::Q8_0), Quantize::whole(BlockFormat::Q8_0)] {
+    for quant in [
+        experts(BlockFormat::Q8_0),
+        Quantize::whole(BlockFormat::Q8_0),
+    ] {
         let compared = check(quant);
         assert!(
             compared >= 1,

@@ -54,12 +54,56 @@ pub fn gemm_nt<W: Element>(
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the features were detected; every row the tiles touch is in bounds (asserted).
+        Isa::Avx512Bf16 | Isa::Amx if kind::<W>() == Kind::Bf16 && bf16_tile() == Bf16Tile::Dot => unsafe {
+            avx512::gemm_dpbf16(bits16(a), lda, bits16(b), ldb, c, ldc, m, n, k)
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the features were detected; every row the tiles touch is in bounds (asserted).
         Isa::Avx512Bf16 | Isa::Amx => unsafe { avx512::gemm(a, lda, b, ldb, c, ldc, m, n, k) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the features were detected; every row the tiles touch is in bounds (asserted).
         Isa::Avx2 => unsafe { crate::avx2::gemm::gemm(a, lda, b, ldb, c, ldc, m, n, k) },
         _ => by_dots(a, lda, b, ldb, c, ldc, m, n, k),
     }
+}
+
+/// The tile a bf16 GEMM runs on the AVX-512 level (without AMX): f32 FMAs over operands
+/// widened once, or `vdpbf16ps` on the bf16 operands as stored (two products per f32 lane per
+/// instruction). Which multiplies faster differs between cores (one core measured FMAs ahead
+/// four to one, a Zen 5 core `vdpbf16ps` ahead two to one: docs/performance.md), so it is
+/// measured once per process ([`bf16_tile`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bf16Tile {
+    Fma,
+    Dot,
+}
+
+/// The bf16 tile of this process: `MOEK_CPU_BF16_GEMM=fma|dot` forces one (a forced `dot` on a
+/// CPU without AVX-512 BF16 panics naming it); unset, the two are timed on operands in L1 at the
+/// first bf16 GEMM and the faster kept. `Fma` below the AVX-512 level (it is what AVX2 runs).
+pub fn bf16_tile() -> Bf16Tile {
+    static TILE: std::sync::OnceLock<Bf16Tile> = std::sync::OnceLock::new();
+    *TILE.get_or_init(|| {
+        let avx512 = matches!(isa(), Isa::Avx512Bf16 | Isa::Amx);
+        match std::env::var("MOEK_CPU_BF16_GEMM").as_deref() {
+            Ok("fma") => Bf16Tile::Fma,
+            Ok("dot") => {
+                assert!(
+                    avx512,
+                    "MOEK_CPU_BF16_GEMM=dot needs AVX-512 BF16, and the level in use is {}",
+                    isa().name()
+                );
+                Bf16Tile::Dot
+            }
+            Ok(other) if !other.is_empty() && other != "auto" => {
+                panic!("MOEK_CPU_BF16_GEMM={other}: expected `fma`, `dot` or `auto`")
+            }
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the AVX-512 BF16 level was detected.
+            _ if avx512 => unsafe { avx512::faster_tile() },
+            _ => Bf16Tile::Fma,
+        }
+    })
 }
 
 /// Element offsets of the `tile` rows starting at row `i` (`count` of them real): edge tiles
@@ -236,6 +280,155 @@ mod avx512 {
                     }
                 }
             }
+        }
+    }
+
+    /// Reduction steps per chunk of the `vdpbf16ps` GEMM: six rows of 2048 bf16 (24 KiB) stay in
+    /// L1 while every tile of `a` passes.
+    const KC_BF16: usize = 2048;
+
+    /// `c += a . b^T` for bf16 `a` and `b` (as bits) on `vdpbf16ps`: 4 x 6 tiles of 16-lane
+    /// accumulators over 32 bf16 a step, read in place (nothing widened or packed). Each lane
+    /// adds its two exact products in turn (round to nearest even; subnormals flushed, which
+    /// moves a sum by less than 2^-126), so a sum differs from the FMA path's in order only.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub unsafe fn gemm_dpbf16(
+        a: &[u16],
+        lda: usize,
+        b: &[u16],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) {
+        let tiles = m.div_ceil(MR);
+        let mut acc: Vec<Acc> = vec![[[_mm512_setzero_ps(); NR]; MR]; tiles];
+        for j0 in (0..n).step_by(NR) {
+            let nj = NR.min(n - j0);
+            let brows = tile_rows::<NR>(ldb, j0, nj);
+            let next = (j0 + NR < n).then(|| tile_rows::<NR>(ldb, j0 + NR, NR.min(n - j0 - NR)));
+            acc.iter_mut()
+                .for_each(|t| *t = [[_mm512_setzero_ps(); NR]; MR]);
+            for kc in (0..k).step_by(KC_BF16) {
+                let len = KC_BF16.min(k - kc);
+                for (t, tile_acc) in acc.iter_mut().enumerate() {
+                    let arows = tile_rows::<MR>(lda, t * MR, MR.min(m - t * MR));
+                    // The first tile fetches the next panel's chunk as it goes.
+                    let ahead = next
+                        .filter(|_| t == 0)
+                        .map(|nx| nx.map(|o| b[o + kc..].as_ptr()));
+                    // SAFETY: rows of `a` and `b` hold `k >= kc + len` elements (asserted by
+                    // the caller); `ahead` rows likewise.
+                    unsafe {
+                        dot_tile(
+                            arows.map(|o| a.as_ptr().add(o + kc)),
+                            brows.map(|o| b.as_ptr().add(o + kc)),
+                            len,
+                            tile_acc,
+                            ahead,
+                        )
+                    };
+                }
+            }
+            for (t, tile_acc) in acc.iter().enumerate() {
+                let (i0, mi) = (t * MR, MR.min(m - t * MR));
+                for ti in 0..mi {
+                    let crow = &mut c[(i0 + ti) * ldc + j0..][..nj];
+                    for tj in 0..nj {
+                        crow[tj] += _mm512_reduce_add_ps(tile_acc[ti][tj]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `len` bf16 steps of a 4 x 6 tile on `vdpbf16ps`, the last step masked; prefetches the
+    /// `ahead` rows alongside.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn dot_tile(
+        a: [*const u16; MR],
+        b: [*const u16; NR],
+        len: usize,
+        acc_io: &mut Acc,
+        ahead: Option<[*const u16; NR]>,
+    ) {
+        let mut acc = *acc_io;
+        let mut p = 0;
+        while p < len {
+            let mask: __mmask32 = match len - p {
+                32.. => u32::MAX,
+                r => (1u32 << r) - 1,
+            };
+            // SAFETY: every row holds `len` elements; masked lanes are not read.
+            unsafe {
+                if let Some(ahead) = ahead {
+                    for r in ahead {
+                        _mm_prefetch::<_MM_HINT_T0>(r.add(p).cast::<i8>());
+                    }
+                }
+                let load = |r: *const u16| -> __m512bh {
+                    std::mem::transmute(_mm512_maskz_loadu_epi16(mask, r.add(p).cast::<i16>()))
+                };
+                let bv: [__m512bh; NR] = b.map(load);
+                for i in 0..MR {
+                    let av = load(a[i]);
+                    for j in 0..NR {
+                        acc[i][j] = _mm512_dpbf16_ps(acc[i][j], av, bv[j]);
+                    }
+                }
+            }
+            p += 32;
+        }
+        *acc_io = acc;
+    }
+
+    /// The faster tile on this core: each runs a 4 x 6 tile over 1024 steps of operands in L1,
+    /// best of several rounds, against the other's multiply-add rate.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub unsafe fn faster_tile() -> Bf16Tile {
+        const K: usize = 1024;
+        let (a16, b16) = (vec![0x3f80u16; MR * K], vec![0x3f80u16; NR * K]);
+        let (a32, b32) = (vec![1f32; MR * K], vec![1f32; NR * K]);
+        let best = |run: &mut dyn FnMut()| {
+            (0..5)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    for _ in 0..20 {
+                        run();
+                    }
+                    t.elapsed()
+                })
+                .min()
+                .expect("five rounds")
+        };
+        let mut acc = [[_mm512_setzero_ps(); NR]; MR];
+        // SAFETY: every row holds K elements.
+        let dot = best(&mut || unsafe {
+            dot_tile(
+                std::array::from_fn(|i| a16.as_ptr().add(i * K)),
+                std::array::from_fn(|j| b16.as_ptr().add(j * K)),
+                K,
+                &mut acc,
+                None,
+            )
+        });
+        // SAFETY: as above; the FMA tile runs 16 f32 steps where `vdpbf16ps` runs 32 bf16.
+        let fma = best(&mut || unsafe {
+            fma_tile(
+                std::array::from_fn(|i| a32.as_ptr().add(i * K)),
+                std::array::from_fn(|j| b32.as_ptr().add(j * K)),
+                K,
+                &mut acc,
+            )
+        });
+        std::hint::black_box(acc);
+        // Both did MR x NR x K multiply-adds.
+        match dot < fma {
+            true => Bf16Tile::Dot,
+            false => Bf16Tile::Fma,
         }
     }
 

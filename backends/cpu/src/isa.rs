@@ -29,13 +29,23 @@ impl Isa {
         }
     }
 
-    /// Peak f32-accumulated multiply-adds per cycle per core on bf16 GEMMs, for reports.
+    /// Peak f32-accumulated multiply-adds per cycle per core on bf16 GEMMs, for reports: the
+    /// instruction the bf16 GEMM runs on this level ([`crate::gemm::bf16_tile`] on AVX-512).
     pub fn gemm_macs_per_cycle(self) -> f64 {
         match self {
             // one 16 x 16 x 32 `tdpbf16ps` per 16 cycles
             Isa::Amx => 1024.0,
-            // two 16-lane f32 FMAs per cycle on widened operands (the GEMM's own path)
-            Isa::Avx512Bf16 => 32.0,
+            // two `vdpbf16ps` per cycle, each 16 lanes of two products
+            Isa::Avx512Bf16 if crate::gemm::bf16_tile() == crate::gemm::Bf16Tile::Dot => 64.0,
+            other => other.f32_macs_per_cycle(),
+        }
+    }
+
+    /// Peak f32 multiply-adds per cycle per core (f32 and f16 GEMMs; bf16 where FMAs run it).
+    pub fn f32_macs_per_cycle(self) -> f64 {
+        match self {
+            // two 16-lane f32 FMAs per cycle
+            Isa::Amx | Isa::Avx512Bf16 => 32.0,
             // two 8-lane f32 FMAs per cycle
             Isa::Avx2 => 16.0,
             // the baseline target has no FMA: two 4-lane multiplies and two adds per cycle
@@ -45,10 +55,15 @@ impl Isa {
 }
 
 impl Isa {
-    /// Peak f32 GEMM GFLOP/s of `threads` cores at the nominal clock ([`nominal_ghz`]): the
+    /// Peak bf16 GEMM GFLOP/s of `threads` cores at the nominal clock ([`nominal_ghz`]): the
     /// physical floor prefill figures are printed beside.
     pub fn peak_gflops(self, threads: usize) -> f64 {
         2.0 * self.gemm_macs_per_cycle() * nominal_ghz() * threads as f64
+    }
+
+    /// Peak f32 FMA GFLOP/s of `threads` cores at the nominal clock, printed beside the above.
+    pub fn f32_peak_gflops(self, threads: usize) -> f64 {
+        2.0 * self.f32_macs_per_cycle() * nominal_ghz() * threads as f64
     }
 }
 

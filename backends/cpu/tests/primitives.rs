@@ -192,3 +192,22 @@ fn the_level_in_use_is_the_one_asked_for() {
     };
     assert_eq!(in_use, want, "MOEK_CPU_ISA={asked:?}");
 }
+
+/// The bf16 GEMM tile in use is the one `MOEK_CPU_BF16_GEMM` forces (CI runs this file under
+/// each), and `vdpbf16ps` only where the level has it.
+#[test]
+fn the_bf16_gemm_tile_is_the_forced_one() {
+    use moek_cpu::gemm::{Bf16Tile, bf16_tile};
+    let tile = bf16_tile();
+    match std::env::var("MOEK_CPU_BF16_GEMM").as_deref() {
+        Ok("dot") => assert_eq!(tile, Bf16Tile::Dot),
+        Ok("fma") => assert_eq!(tile, Bf16Tile::Fma),
+        _ => {}
+    }
+    if !matches!(
+        moek_cpu::isa(),
+        moek_cpu::Isa::Avx512Bf16 | moek_cpu::Isa::Amx
+    ) {
+        assert_eq!(tile, Bf16Tile::Fma, "{}", moek_cpu::isa().name());
+    }
+}

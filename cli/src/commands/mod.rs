@@ -18,8 +18,8 @@ pub mod tune;
 
 use moek_kernels::dispatch::Backend;
 use moek_kernels::ir::{BlockFormat, Target};
-use thiserror::Error;
 use moek_model::quantized::{Quantize, Scope};
+use thiserror::Error;
 
 /// The one command-line name of a backend (`--backend`). `wgsl` is accepted for `wgpu`: it is
 /// the language `moek emit` prints for it.

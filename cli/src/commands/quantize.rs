@@ -77,14 +77,14 @@ pub fn run(args: &QuantizeArgs) -> Result<ExitCode, CommandError> {
     // Written under a temporary name and renamed: a failed run leaves no half a checkpoint.
     let partial = args.out.join("model.safetensors.partial");
     let quant = super::quantize(Some(args.dtype), args.quantize_experts_only).expect("a format");
-    let in_blocks =
-        match moek_model::quantized::write_quantized(ck, row.quantized, quant, &partial) {
-            Ok(names) => names,
-            Err(e) => {
-                let _ = std::fs::remove_file(&partial);
-                return Err(e.into());
-            }
-        };
+    let in_blocks = match moek_model::quantized::write_quantized(ck, row.quantized, quant, &partial)
+    {
+        Ok(names) => names,
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            return Err(e.into());
+        }
+    };
     std::fs::rename(&partial, &target).map_err(io(&target))?;
     for name in BESIDE {
         let from = args.model.join(name);

@@ -319,7 +319,11 @@ impl<'c, W: Element, S: Source<'c, W>> Source<'c, W> for Recorder<S, W> {
         let m = self.inner.bank(names, shape)?;
         Ok(self.record(names, shape, m))
     }
-    fn linear(&mut self, names: &[String], shape: &[usize]) -> Result<Stored<'static, W>, LoadError> {
+    fn linear(
+        &mut self,
+        names: &[String],
+        shape: &[usize],
+    ) -> Result<Stored<'static, W>, LoadError> {
         let m = self.inner.linear(names, shape)?;
         Ok(self.record(names, shape, m))
     }
@@ -327,7 +331,12 @@ impl<'c, W: Element, S: Source<'c, W>> Source<'c, W> for Recorder<S, W> {
 
 impl<S, W: Element> Recorder<S, W> {
     /// Keeps `m` (plain or in blocks) under `names[0]`; returns an empty stand-in.
-    fn record(&mut self, names: &[String], shape: &[usize], m: Stored<'_, W>) -> Stored<'static, W> {
+    fn record(
+        &mut self,
+        names: &[String],
+        shape: &[usize],
+        m: Stored<'_, W>,
+    ) -> Stored<'static, W> {
         let (stored_shape, data) = match m {
             Stored::Plain(m) => (shape.to_vec(), Data::Matrix(m.into_owned())),
             Stored::Q8_0(b) => (

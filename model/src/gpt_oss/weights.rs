@@ -132,7 +132,13 @@ pub fn load_quantized<'c, W: Element>(
     let linear = |name: &str, out: usize, inp: usize, blocks: Option<BlockFormat>| {
         let weight = key(&format!("{name}.weight"));
         Ok::<_, LoadError>(Linear {
-            weight: read_bank(ck, &weight, &[out, inp], residence, for_rows(blocks, &[inp]))?,
+            weight: read_bank(
+                ck,
+                &weight,
+                &[out, inp],
+                residence,
+                for_rows(blocks, &[inp]),
+            )?,
             bias: vector(&format!("{name}.bias"), out)?,
         })
     };

@@ -11,10 +11,10 @@ use crate::forward::{
 };
 use crate::ops::{self, linear, normed, rms_norm};
 use crate::quantized::Stored;
-use std::borrow::Cow;
 use moek_kernels::ir::reference::Biases;
 use moek_kernels::ir::{Activation, Function, Op};
 use moek_kernels::{Element, Shape};
+use std::borrow::Cow;
 
 /// A Qwen3-MoE model ready to run (see [`crate::gemma4::model::Model`]: the same contract).
 #[derive(Debug)]

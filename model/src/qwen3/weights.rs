@@ -7,9 +7,9 @@
 use super::config::{Config, Mlp as Kind};
 use crate::checkpoint::{Checkpoint, LoadError, Residence};
 use crate::quantized::{DenseMlp, Quantize, Scope, Stored, for_rows, linear_tensor, read_bank};
-use moek_kernels::ir::quant::BLOCK;
 use moek_kernels::Element;
 use moek_kernels::ir::BlockFormat;
+use moek_kernels::ir::quant::BLOCK;
 use std::borrow::Cow;
 
 /// `self_attn.*`: the projections in `W` or in blocks ([`crate::quantized::Scope`]).

@@ -41,8 +41,13 @@ pub struct ModelFigures {
     pub prefill_tokens_per_s: f64,
     /// FLOPs of the prefill (matrix products, attention, LM head row) over its median time.
     pub prefill_gflops: f64,
-    /// The ISA's peak bf16 GEMM rate on all threads at the nominal clock.
+    /// The ISA's peak bf16 GEMM rate on all threads at the nominal clock (`vdpbf16ps` where
+    /// the bf16 GEMM runs on it).
     pub isa_peak_gflops: f64,
+    /// The f32 FMA peak beside it.
+    pub f32_peak_gflops: f64,
+    /// The tile the bf16 GEMM runs: `fma`, `dot` (`vdpbf16ps`) or `amx`.
+    pub bf16_gemm: &'static str,
     pub decode_tokens_per_s: f64,
     /// Read bandwidth over bytes per decode step: what decode could reach if it only streamed.
     pub decode_ceiling_tokens_per_s: f64,
@@ -141,13 +146,15 @@ fn report(f: &ModelFigures, format: Format) {
             );
             println!(
                 "prefill {} tokens (median of {}): {:.1} tokens/s, {:.0} GFLOP/s = {:.0}% of the ISA's \
-                 bf16 GEMM peak {:.0}; MoE {:.3} ms per token per layer",
+                 bf16 GEMM peak {:.0} ({} tile; f32 FMA peak {:.0}); MoE {:.3} ms per token per layer",
                 f.prompt_tokens,
                 f.prefill_runs,
                 f.prefill_tokens_per_s,
                 f.prefill_gflops,
                 f.prefill_gflops / f.isa_peak_gflops * 100.0,
                 f.isa_peak_gflops,
+                f.bf16_gemm,
+                f.f32_peak_gflops,
                 f.moe_prefill_ms_per_token_layer
             );
             println!(
@@ -397,6 +404,12 @@ fn timed(
         prefill_tokens_per_s: prompt.len() as f64 / prefill_s,
         prefill_gflops: work.prefill_flops / prefill_s / 1e9,
         isa_peak_gflops: isa.peak_gflops(threads),
+        f32_peak_gflops: isa.f32_peak_gflops(threads),
+        bf16_gemm: match (isa, moek_cpu::gemm::bf16_tile()) {
+            (moek_cpu::Isa::Amx, _) => "amx",
+            (_, moek_cpu::gemm::Bf16Tile::Dot) => "dot",
+            (_, moek_cpu::gemm::Bf16Tile::Fma) => "fma",
+        },
         decode_tokens_per_s: 1.0 / step_s,
         decode_ceiling_tokens_per_s: read_bandwidth / work.decode_bytes,
         decode_bandwidth_ratio,
@@ -431,11 +444,7 @@ impl Work {
     /// prefill of `s` tokens: two FLOPs per multiply-add of every matrix product, attention over
     /// the visible keys, and the LM head on the final row.
     /// The matrices `quant` covers take its bytes per value as stored (scales included).
-    fn gemma4(
-        cfg: &moek_model::gemma4::config::Config,
-        s: usize,
-        quant: Option<Quantize>,
-    ) -> Work {
+    fn gemma4(cfg: &moek_model::gemma4::config::Config, s: usize, quant: Option<Quantize>) -> Work {
         let (h, e, st) = (cfg.hidden_size as f64, 2.0, s as f64);
         let bytes = |q: Option<BlockFormat>| {
             let block = moek_kernels::ir::quant::BLOCK;

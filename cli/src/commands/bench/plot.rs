@@ -162,6 +162,8 @@ mod tests {
             prefill_tokens_per_s: 100.0,
             prefill_gflops: gflops,
             isa_peak_gflops: 300.0,
+            f32_peak_gflops: 300.0,
+            bf16_gemm: "fma",
             decode_tokens_per_s: decode,
             decode_ceiling_tokens_per_s: ceiling,
             decode_bandwidth_ratio: decode / ceiling,
