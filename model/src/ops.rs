@@ -128,12 +128,21 @@ pub fn linears<W: Element>(
 }
 
 /// Outputs `cols` of every row of `x` (`[rows, inp]`) against a matrix in blocks, into `c`
-/// (`[rows, cols.len()]`): a row product per activation row.
+/// (`[rows, cols.len()]`). A few rows (decode): a row product per activation row, as the
+/// quantized experts compute it. More (prefill): the columns' blocks dequantized once to their
+/// exact f32 values and one f32 GEMM with the unrounded rows, which outruns integer dots row by
+/// row (the activation's 8-bit rounding is then absent, never added).
 fn block_rows<Q: Weight>(x: &[f32], blocks: &[Q], inp: usize, cols: Range<usize>, c: &mut [f32]) {
-    let n = cols.len();
-    for (xr, cr) in x.chunks_exact(inp).zip(c.chunks_exact_mut(n)) {
-        Q::matvec_segments(xr, blocks, inp, cols.clone(), &[(0, inp)], cr);
+    let (n, rows) = (cols.len(), x.len() / inp);
+    if rows < moek_cpu::gemm::STREAM_ROWS {
+        for (xr, cr) in x.chunks_exact(inp).zip(c.chunks_exact_mut(n)) {
+            Q::matvec_segments(xr, blocks, inp, cols.clone(), &[(0, inp)], cr);
+        }
+        return;
     }
+    let per_row = inp / Q::VALUES;
+    let w = moek_kernels::ir::quant::dequantize(&blocks[cols.start * per_row..cols.end * per_row]);
+    moek_cpu::gemm_nt(x, inp, &w, inp, c, n, rows, n, inp);
 }
 
 /// Inverse frequencies of a layer's RoPE: `theta^(-2j/d) / factor` for the rotated pairs, 0 for

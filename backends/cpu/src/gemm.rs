@@ -283,9 +283,9 @@ mod avx512 {
         }
     }
 
-    /// Reduction steps per chunk of the `vdpbf16ps` GEMM: six rows of 2048 bf16 (24 KiB) stay in
-    /// L1 while every tile of `a` passes.
-    const KC_BF16: usize = 2048;
+    /// Reduction steps per chunk of the `vdpbf16ps` GEMM: six rows of 1024 bf16 (12 KiB) stay in
+    /// L1 while every tile of `a` passes (2048 measured the same at the 26B-A4B's sizes).
+    const KC_BF16: usize = 1024;
 
     /// `c += a . b^T` for bf16 `a` and `b` (as bits) on `vdpbf16ps`: 4 x 6 tiles of 16-lane
     /// accumulators over 32 bf16 a step, read in place (nothing widened or packed). Each lane
@@ -356,12 +356,7 @@ mod avx512 {
         ahead: Option<[*const u16; NR]>,
     ) {
         let mut acc = *acc_io;
-        let mut p = 0;
-        while p < len {
-            let mask: __mmask32 = match len - p {
-                32.. => u32::MAX,
-                r => (1u32 << r) - 1,
-            };
+        let mut step = |p: usize, mask: __mmask32| {
             // SAFETY: every row holds `len` elements; masked lanes are not read.
             unsafe {
                 if let Some(ahead) = ahead {
@@ -380,52 +375,59 @@ mod avx512 {
                     }
                 }
             }
-            p += 32;
+        };
+        let whole = len / 32 * 32;
+        for p in (0..whole).step_by(32) {
+            step(p, u32::MAX);
+        }
+        if whole < len {
+            step(whole, (1u32 << (len - whole)) - 1);
         }
         *acc_io = acc;
     }
 
     /// The faster tile on this core: each runs a 4 x 6 tile over 1024 steps of operands in L1,
-    /// best of several rounds, against the other's multiply-add rate.
+    /// 400 times a round (about a third of a millisecond), rounds of the two interleaved after
+    /// one of each to wake the 512-bit units; the best round of five each decides.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     pub unsafe fn faster_tile() -> Bf16Tile {
         const K: usize = 1024;
         let (a16, b16) = (vec![0x3f80u16; MR * K], vec![0x3f80u16; NR * K]);
         let (a32, b32) = (vec![1f32; MR * K], vec![1f32; NR * K]);
-        let best = |run: &mut dyn FnMut()| {
-            (0..5)
-                .map(|_| {
-                    let t = std::time::Instant::now();
-                    for _ in 0..20 {
-                        run();
-                    }
-                    t.elapsed()
-                })
-                .min()
-                .expect("five rounds")
-        };
         let mut acc = [[_mm512_setzero_ps(); NR]; MR];
-        // SAFETY: every row holds K elements.
-        let dot = best(&mut || unsafe {
-            dot_tile(
-                std::array::from_fn(|i| a16.as_ptr().add(i * K)),
-                std::array::from_fn(|j| b16.as_ptr().add(j * K)),
-                K,
-                &mut acc,
-                None,
-            )
-        });
-        // SAFETY: as above; the FMA tile runs 16 f32 steps where `vdpbf16ps` runs 32 bf16.
-        let fma = best(&mut || unsafe {
-            fma_tile(
-                std::array::from_fn(|i| a32.as_ptr().add(i * K)),
-                std::array::from_fn(|j| b32.as_ptr().add(j * K)),
-                K,
-                &mut acc,
-            )
-        });
+        let mut round = |dot: bool| {
+            let t = std::time::Instant::now();
+            for _ in 0..400 {
+                // SAFETY: every row holds K elements; both tiles do MR x NR x K multiply-adds
+                // (the FMA tile in 16 f32 steps, `vdpbf16ps` in 32 bf16 ones).
+                unsafe {
+                    match dot {
+                        true => dot_tile(
+                            std::array::from_fn(|i| a16.as_ptr().add(i * K)),
+                            std::array::from_fn(|j| b16.as_ptr().add(j * K)),
+                            K,
+                            &mut acc,
+                            None,
+                        ),
+                        false => fma_tile(
+                            std::array::from_fn(|i| a32.as_ptr().add(i * K)),
+                            std::array::from_fn(|j| b32.as_ptr().add(j * K)),
+                            K,
+                            &mut acc,
+                        ),
+                    }
+                }
+            }
+            t.elapsed()
+        };
+        round(true);
+        round(false);
+        let (mut dot, mut fma) = (std::time::Duration::MAX, std::time::Duration::MAX);
+        for _ in 0..5 {
+            dot = dot.min(round(true));
+            fma = fma.min(round(false));
+        }
         std::hint::black_box(acc);
-        // Both did MR x NR x K multiply-adds.
         match dot < fma {
             true => Bf16Tile::Dot,
             false => Bf16Tile::Fma,
