@@ -23,8 +23,10 @@ pub struct Heads {
 use crate::quantized::Stored;
 use moek_cpu::quant::Weight;
 use moek_kernels::Element;
+use moek_kernels::ir::quant::{BlockMxfp4, BlockQ8_0};
 use rayon::prelude::*;
 use std::ops::Range;
+use std::sync::OnceLock;
 
 /// RMSNorm over each `n`-wide row, in f32, weight applied as is (Gemma-4: no `1 + w`);
 /// `w = None` is the weightless norm.
@@ -78,6 +80,9 @@ pub fn linears<W: Element>(
     debug_assert_eq!(x.len(), rows * inp);
     let plain = ws.iter().any(|(w, _)| matches!(w, Stored::Plain(_)));
     let a = if plain { to_w::<W>(x) } else { Vec::new() };
+    // Rows made ready once for the products of matrices in blocks, shared by their column
+    // blocks (Q8_0 and Q4_0 read the same 8-bit groups).
+    let (grouped, wide) = (OnceLock::new(), OnceLock::new());
     // Column blocks of the outputs, each a GEMM over all rows: a few per thread, so a GEMM packs
     // its rows of activations a few times per call. A streamed weight (decode) is cut finer, 8
     // blocks per thread, so that threads taking blocks of uneven matrices (q beside k, a
@@ -110,9 +115,18 @@ pub fn linears<W: Element>(
                     let w = &w[c0 * inp..c1 * inp];
                     moek_cpu::gemm_nt(&a, inp, w, inp, &mut c, n, rows, n, inp);
                 }
-                Stored::Q8_0(b) => block_rows(x, b, inp, c0..c1, &mut c),
-                Stored::Q4_0(b) => block_rows(x, b, inp, c0..c1, &mut c),
-                Stored::Mxfp4(b) => block_rows(x, b, inp, c0..c1, &mut c),
+                Stored::Q8_0(b) => {
+                    let ready = || prepared::<BlockQ8_0>(x, inp);
+                    block_rows(x, || grouped.get_or_init(ready), b, inp, c0..c1, &mut c)
+                }
+                Stored::Q4_0(b) => {
+                    let ready = || prepared::<BlockQ8_0>(x, inp);
+                    block_rows(x, || grouped.get_or_init(ready), b, inp, c0..c1, &mut c)
+                }
+                Stored::Mxfp4(b) => {
+                    let ready = || prepared::<BlockMxfp4>(x, inp);
+                    block_rows(x, || wide.get_or_init(ready), b, inp, c0..c1, &mut c)
+                }
             }
             c
         })
@@ -127,16 +141,29 @@ pub fn linears<W: Element>(
     ys
 }
 
+/// Every row of `x` (`[rows, inp]`) made ready for `Q`'s products.
+fn prepared<Q: Weight>(x: &[f32], inp: usize) -> Vec<Q::Row<'_, f32>> {
+    x.chunks_exact(inp).map(Q::row).collect()
+}
+
 /// Outputs `cols` of every row of `x` (`[rows, inp]`) against a matrix in blocks, into `c`
-/// (`[rows, cols.len()]`). A few rows (decode): a row product per activation row, as the
-/// quantized experts compute it. More (prefill): the columns' blocks dequantized once to their
-/// exact f32 values and one f32 GEMM with the unrounded rows, which outruns integer dots row by
-/// row (the activation's 8-bit rounding is then absent, never added).
-fn block_rows<Q: Weight>(x: &[f32], blocks: &[Q], inp: usize, cols: Range<usize>, c: &mut [f32]) {
+/// (`[rows, cols.len()]`). A few rows (decode): a row product per activation row, each row
+/// made ready once (`ready`) for every column block. More (prefill): the columns' blocks
+/// dequantized once to their exact f32 values and one f32 GEMM with the unrounded rows, which
+/// outruns integer dots row by row (the activation's 8-bit rounding is then absent, never
+/// added).
+fn block_rows<'x, Q: Weight>(
+    x: &[f32],
+    ready: impl FnOnce() -> &'x [Q::Row<'x, f32>],
+    blocks: &[Q],
+    inp: usize,
+    cols: Range<usize>,
+    c: &mut [f32],
+) {
     let (n, rows) = (cols.len(), x.len() / inp);
     if rows < moek_cpu::gemm::STREAM_ROWS {
-        for (xr, cr) in x.chunks_exact(inp).zip(c.chunks_exact_mut(n)) {
-            Q::matvec_segments(xr, blocks, inp, cols.clone(), &[(0, inp)], cr);
+        for (xr, cr) in ready().iter().zip(c.chunks_exact_mut(n)) {
+            Q::matvec_row(xr, blocks, inp, cols.clone(), &[(0, inp)], cr);
         }
         return;
     }

@@ -32,7 +32,7 @@ pub use moek_ir::Element;
 pub use pool::on_pool;
 pub use quant::{QuantizedActivation, Weight};
 pub use schedule::{
-    Grid, SharedOut, clip, dense_routes, gather_rows_into, group_by_expert, matvec_segments, part,
-    values,
+    Grid, SharedOut, clip, dense_routes, gather_rows_into, group_by_expert, matvec_row,
+    matvec_segments, part, values,
 };
 pub use scratch::Scratch;

@@ -86,8 +86,27 @@ fn round_small(v: f32) -> f32 {
 /// The products of a stored element ([`Element`]: a plain value, or a quantized block of
 /// [`Element::VALUES`] values) the generated CPU variants read.
 pub trait Weight: Element {
+    /// An activation row as this element's products read it, made once ([`Weight::row`]) and
+    /// shared by every product of that row (gate and up, every expert it routes to, every
+    /// column block): the row itself beside plain weights, its 8-bit groups beside Q8_0 and
+    /// Q4_0, its f32 values beside MXFP4.
+    type Row<'a, A: Element>: Send + Sync;
+
+    /// `x` made ready for this element's products.
+    fn row<A: Element>(x: &[A]) -> Self::Row<'_, A>;
+
     /// `out[j - rows.start] = sum over segs (in order) of x[seg] . mat[j*ld + seg]` for `j` in
-    /// `rows`; `ld` and the segments count values.
+    /// `rows`, `x` a [`Weight::row`]; `ld` and the segments count values.
+    fn matvec_row<A: Element>(
+        x: &Self::Row<'_, A>,
+        mat: &[Self],
+        ld: usize,
+        rows: Range<usize>,
+        segs: &[(usize, usize)],
+        out: &mut [f32],
+    );
+
+    /// [`Weight::matvec_row`] of `x` as it is (made ready for this one product).
     fn matvec_segments<A: Element>(
         x: &[A],
         mat: &[Self],
@@ -95,15 +114,23 @@ pub trait Weight: Element {
         rows: Range<usize>,
         segs: &[(usize, usize)],
         out: &mut [f32],
-    );
+    ) {
+        Self::matvec_row(&Self::row(x), mat, ld, rows, segs, out);
+    }
 }
 
-/// The plain elements: [`crate::dot::dot_rows`].
+/// The plain elements: [`crate::dot::dot_rows`] on the row as it is.
 macro_rules! plain_weight {
     ($($ty:ty),*) => {$(
         impl Weight for $ty {
-            fn matvec_segments<A: Element>(
-                x: &[A],
+            type Row<'a, A: Element> = &'a [A];
+
+            fn row<A: Element>(x: &[A]) -> &[A] {
+                x
+            }
+
+            fn matvec_row<A: Element>(
+                x: &&[A],
                 mat: &[$ty],
                 ld: usize,
                 rows: Range<usize>,
@@ -172,10 +199,30 @@ thread_local! {
     static ACTIVATION: RefCell<QuantizedActivation> = RefCell::default();
 }
 
-/// The quantized blocks: the activation quantized per product, then [`rows_q`].
+/// The quantized blocks: the activation quantized (once per row, or per product into a
+/// thread's own buffer), then [`rows_q`].
 macro_rules! quantized_weight {
     ($([$($generics:tt)*] $ty:ty: $dots:expr),*) => {$(
         impl<$($generics)*> Weight for $ty {
+            type Row<'a, A: Element> = QuantizedActivation;
+
+            fn row<A: Element>(x: &[A]) -> QuantizedActivation {
+                let mut q = QuantizedActivation::default();
+                q.quantize(x);
+                q
+            }
+
+            fn matvec_row<A: Element>(
+                x: &QuantizedActivation,
+                mat: &[$ty],
+                ld: usize,
+                rows: Range<usize>,
+                segs: &[(usize, usize)],
+                out: &mut [f32],
+            ) {
+                rows_q(x, mat, ld, rows, segs, out, $dots);
+            }
+
             fn matvec_segments<A: Element>(
                 x: &[A],
                 mat: &[$ty],
@@ -211,6 +258,23 @@ thread_local! {
 /// model's own numbers (its logits within f32 rounding of the dequantized weights'), and
 /// decode, which it serves, is bound by the weights' bytes either way.
 impl Weight for BlockMxfp4 {
+    type Row<'a, A: Element> = Vec<f32>;
+
+    fn row<A: Element>(x: &[A]) -> Vec<f32> {
+        x.iter().map(|v| v.to_f32()).collect()
+    }
+
+    fn matvec_row<A: Element>(
+        x: &Vec<f32>,
+        mat: &[BlockMxfp4],
+        ld: usize,
+        rows: Range<usize>,
+        segs: &[(usize, usize)],
+        out: &mut [f32],
+    ) {
+        rows_mxfp4(x, mat, ld, rows, segs, out);
+    }
+
     fn matvec_segments<A: Element>(
         x: &[A],
         mat: &[BlockMxfp4],

@@ -129,6 +129,19 @@ pub fn matvec_segments<A: Element, W: Weight>(
     W::matvec_segments(x, mat, ld, rows, segs, out);
 }
 
+/// [`matvec_segments`] of a row made ready once ([`Weight::row`]) for every product it enters.
+pub fn matvec_row<A: Element, W: Weight>(
+    x: &W::Row<'_, A>,
+    mat: &[W],
+    ld: usize,
+    rows: Range<usize>,
+    segs: &[(usize, usize)],
+    out: &mut [f32],
+) {
+    assert_eq!(out.len(), rows.len(), "matvec output length");
+    W::matvec_row(x, mat, ld, rows, segs, out);
+}
+
 /// Values `range` of a weight tensor stored as `W`: the elements themselves, or the blocks that
 /// hold them (the range must fall on block boundaries).
 pub fn values<W: Element>(w: &[W], range: Range<usize>) -> &[W] {

@@ -3,7 +3,7 @@
 //! type.
 
 use super::{Bank, Pair, Routes, add_gate_up_bias, blocks, combine_routes, with_pair};
-use crate::{Element, Grid, SharedOut, Weight, clip, matvec_segments, values};
+use crate::{Element, Grid, SharedOut, Weight, clip, matvec_row, values};
 use moek_ir::DimName::{F, H, R, T, V};
 use moek_ir::cpu::Tables;
 use moek_ir::reference::Shape;
@@ -34,6 +34,8 @@ fn gate_up_phase<W: Weight, A: Element>(
     let h_blocks = blocks(&t.reduce_h, h_n);
     let f_cols = blocks(&t.columns_f, f_n);
     let mut partials = vec![0f32; ph * t_n * r_n * 2 * f_n];
+    // Each token's row made ready once, shared by gate and up and every route it takes.
+    let x_rows = rows_of::<W, A>(x, t_n, h_n);
     {
         let shared = SharedOut::new(&mut partials);
         (0..grid.units()).into_par_iter().for_each(|unit| {
@@ -41,7 +43,7 @@ fn gate_up_phase<W: Weight, A: Element>(
             let hp = grid.index(unit)[3];
             let segs = clip(&h_blocks, hr);
             for tok in tr {
-                let xt = &x[tok * h_n..(tok + 1) * h_n];
+                let xt = &x_rows[tok];
                 for r in rr.clone() {
                     let slot = tok * r_n + r;
                     let e = idx[slot] as usize;
@@ -51,9 +53,9 @@ fn gate_up_phase<W: Weight, A: Element>(
                     for (c0, c1) in clip(&f_cols, fr.clone()) {
                         // SAFETY: this unit owns (H part, slot, columns c0..c1) of gate and up.
                         let g = unsafe { shared.slice(base + c0, c1 - c0) };
-                        matvec_segments(xt, bank, h_n, c0..c1, &segs, g);
+                        matvec_row::<A, W>(xt, bank, h_n, c0..c1, &segs, g);
                         let u = unsafe { shared.slice(base + f_n + c0, c1 - c0) };
-                        matvec_segments(xt, up, h_n, c0..c1, &segs, u);
+                        matvec_row::<A, W>(xt, up, h_n, c0..c1, &segs, u);
                     }
                 }
             }
@@ -103,6 +105,8 @@ fn down_phase<W: Weight>(
     let f_blocks = blocks(&t.reduce_f, f_n);
     let h_cols = blocks(&t.columns_h, h_n);
     let mut y = vec![0f32; pf * t_n * r_n * h_n];
+    // Each route's gated activation made ready once, shared by every column block.
+    let a_rows = rows_of::<W, f32>(act, t_n * r_n, f_n);
     {
         let shared = SharedOut::new(&mut y);
         (0..grid.units()).into_par_iter().for_each(|unit| {
@@ -113,13 +117,13 @@ fn down_phase<W: Weight>(
                 for r in rr.clone() {
                     let slot = tok * r_n + r;
                     let e = idx[slot] as usize;
-                    let a = &act[slot * f_n..(slot + 1) * f_n];
+                    let a = &a_rows[slot];
                     let bank = values(down, e * h_n * f_n..(e + 1) * h_n * f_n);
                     let base = (fp * t_n * r_n + slot) * h_n;
                     for (c0, c1) in clip(&h_cols, hr.clone()) {
                         // SAFETY: this unit owns (F part, slot, columns c0..c1).
                         let yv = unsafe { shared.slice(base + c0, c1 - c0) };
-                        matvec_segments(a, bank, f_n, c0..c1, &segs, yv);
+                        matvec_row::<f32, W>(a, bank, f_n, c0..c1, &segs, yv);
                     }
                 }
             }
@@ -227,29 +231,33 @@ fn route_owned_with<W: Weight, A: Element>(
     let f_blocks = blocks(&t.reduce_f, f_n);
     let h_cols = blocks(&t.columns_h, h_n);
     let mut y = vec![0f32; t_n * r_n * h_n];
+    // Each token's row made ready once, shared by gate and up and every route it takes.
+    let x_rows = rows_of::<W, A>(x, t_n, h_n);
     {
         let shared = SharedOut::new(&mut y);
         (0..grid.units()).into_par_iter().for_each(|unit| {
             let [tr, rr] = grid.ranges(unit);
             let (mut g, mut u, mut a) = (vec![0f32; f_n], vec![0f32; f_n], vec![0f32; f_n]);
             for tok in tr {
-                let xt = &x[tok * h_n..(tok + 1) * h_n];
+                let xt = &x_rows[tok];
                 for r in rr.clone() {
                     let slot = tok * r_n + r;
                     let e = routes.idx[slot] as usize;
                     let gu = values(bank.gate_up, e * 2 * f_n * h_n..(e + 1) * 2 * f_n * h_n);
                     let up = values(gu, f_n * h_n..2 * f_n * h_n);
-                    matvec_segments(xt, gu, h_n, 0..f_n, &h_blocks, &mut g);
-                    matvec_segments(xt, up, h_n, 0..f_n, &h_blocks, &mut u);
+                    matvec_row::<A, W>(xt, gu, h_n, 0..f_n, &h_blocks, &mut g);
+                    matvec_row::<A, W>(xt, up, h_n, 0..f_n, &h_blocks, &mut u);
                     for j in 0..f_n {
                         add_gate_up_bias(bias.gate_up, e, f_n, j, &mut g[j], &mut u[j]);
                         a[j] = pair(g[j], u[j]);
                     }
                     let dn = values(bank.down, e * h_n * f_n..(e + 1) * h_n * f_n);
+                    // Made ready once for every column block of `down`.
+                    let ar = W::row(&a[..]);
                     for &(c0, c1) in h_cols.iter() {
                         // SAFETY: this unit owns route slot `slot`.
                         let yv = unsafe { shared.slice(slot * h_n + c0, c1 - c0) };
-                        matvec_segments(&a, dn, f_n, c0..c1, &f_blocks, yv);
+                        matvec_row::<f32, W>(&ar, dn, f_n, c0..c1, &f_blocks, yv);
                         if let Some(b) = bias.down {
                             for (i, y) in (c0..c1).zip(yv.iter_mut()) {
                                 *y += b[e * h_n + i];
@@ -274,7 +282,8 @@ pub fn lm_head_row<W: Weight, A: Element>(
     out: &mut [f32],
 ) -> u32 {
     let (t_n, h_n, v_n) = (s.t, s.h, s.v);
-    let last = &hidden[(t_n - 1) * h_n..t_n * h_n];
+    // The final row made ready once for every vocabulary slice.
+    let last = W::row(&hidden[(t_n - 1) * h_n..t_n * h_n]);
     let grid = Grid::new([(v_n, t.cores[0].of_dim(V))]);
     let h_blocks = blocks(&t.reduce_h, h_n);
     let v_cols = blocks(&t.columns_v, v_n);
@@ -285,7 +294,7 @@ pub fn lm_head_row<W: Weight, A: Element>(
             for (c0, c1) in clip(&v_cols, vr) {
                 // SAFETY: this unit owns vocabulary rows c0..c1.
                 let o = unsafe { shared.slice(c0, c1 - c0) };
-                matvec_segments(last, emb, h_n, c0..c1, &h_blocks, o);
+                matvec_row::<A, W>(&last, emb, h_n, c0..c1, &h_blocks, o);
                 if let Some(cap) = softcap {
                     crate::softcap_slice(o, cap);
                 }
@@ -293,4 +302,9 @@ pub fn lm_head_row<W: Weight, A: Element>(
         });
     }
     moek_ir::reference::argmax(&out[..v_n])
+}
+
+/// The `n` rows of `x` (each `len` wide) made ready for `W`'s products, once each.
+fn rows_of<W: Weight, A: Element>(x: &[A], n: usize, len: usize) -> Vec<W::Row<'_, A>> {
+    x[..n * len].par_chunks(len).map(W::row).collect()
 }
