@@ -303,6 +303,26 @@ pub(crate) fn dense_mlp<W: Element>(
                 kernels, layer, what, activation, &shape, &inputs, &mut out, None, trace,
             )?;
         }
+        // Prefill on the CPU: the blocks dequantized once to their exact f32 values and the
+        // dense f32 kernel's GEMMs over the unrounded rows, which outrun a row product per
+        // token (the trace names the f32 variant that ran).
+        DenseMlp::Blocks {
+            gate_up_proj,
+            down_proj,
+        } if t >= moek_cpu::gemm::STREAM_ROWS && kernels.backend.target == Target::Cpu => {
+            let (gate_up, down) = (gate_up_proj.values(), down_proj.values());
+            let (gate, up) = gate_up.split_at(f * h);
+            let shape = Shape {
+                t,
+                h,
+                f,
+                ..Shape::default()
+            };
+            let inputs = Inputs::dense_mlp(xn, gate, up, &down);
+            run_traced(
+                kernels, layer, what, activation, &shape, &inputs, &mut out, None, trace,
+            )?;
+        }
         DenseMlp::Blocks {
             gate_up_proj,
             down_proj,

@@ -168,7 +168,7 @@ fn block_rows<'x, Q: Weight>(
         return;
     }
     let per_row = inp / Q::VALUES;
-    let w = moek_kernels::ir::quant::dequantize(&blocks[cols.start * per_row..cols.end * per_row]);
+    let w = moek_kernels::blocks::dequantize(&blocks[cols.start * per_row..cols.end * per_row]);
     moek_cpu::gemm_nt(x, inp, &w, inp, c, n, rows, n, inp);
 }
 

@@ -134,6 +134,16 @@ impl<W: Element> Stored<'_, W> {
         }
     }
 
+    /// Every value as f32: widened, or its blocks' exact values.
+    pub fn values(&self) -> Vec<f32> {
+        match self {
+            Stored::Plain(m) => m.iter().map(|v| v.to_f32()).collect(),
+            Stored::Q8_0(b) => moek_kernels::blocks::dequantize(b),
+            Stored::Q4_0(b) => moek_kernels::blocks::dequantize(b),
+            Stored::Mxfp4(b) => moek_kernels::blocks::dequantize(b),
+        }
+    }
+
     /// The same matrix, borrowed.
     pub fn borrowed(&self) -> Stored<'_, W> {
         match self {

@@ -2,14 +2,15 @@
 //! [`moek_ir::quant`]) with activations; Q8_0 and Q4_0 in integer dot products as llama.cpp
 //! computes them, MXFP4 in f32 against the unrounded activation ([`rows_mxfp4`]).
 //!
-//! The activation is quantized once per product to 8 bits per group of 32 (an f32 scale
-//! `amax / 127` and i8 values, rounded to nearest, ties to even); each group's dot product is
+//! The activation is quantized to 8 bits per group of 32 (an f32 scale `amax / 127` and i8
+//! values, rounded to nearest, ties to even), once per row ([`Weight::row`]) for every product
+//! that row enters (gate and up, every route, every column block); each group's dot product is
 //! then exact in 32-bit integers, scaled by its weight block's scale and its own and added in
 //! f32: a block of several groups only shares its scale among them. On AVX2 a Q8_0
 //! group is one `vpmaddubsw` (unsigned x signed bytes into i16 pairs; the weight's sign moved
 //! onto the activation by `vpsignb`) and one `vpmaddwd` against ones; Q4_0 takes two blocks a
-//! step ([`crate::avx2::dot_q4`]). There is no AVX-512 VNNI kernel (no CPU here to test one
-//! on), so the AVX-512 and AMX levels run the AVX2 one. Integer dots are chosen over widening
+//! step ([`crate::avx2::dot_q4`]). There is no AVX-512 VNNI kernel yet, so the AVX-512 and AMX
+//! levels run the AVX2 one. Integer dots are chosen over widening
 //! the weights to f32 and using FMAs: a block is 4 instructions instead of 12 (8 widenings and 4
 //! FMAs), and decode is bound by memory either way, prefill is not.
 //!

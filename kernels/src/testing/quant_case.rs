@@ -37,7 +37,10 @@ impl<Q: Element> QuantCase<Q> {
             idx: vec![],
             weights: vec![],
             act: vec![],
-            params: blocks.iter().map(|b| dequantized(b)).collect(),
+            params: blocks
+                .iter()
+                .map(|b| crate::blocks::dequantize(b))
+                .collect(),
             f32_params: drawn.f32_params.clone(),
             softcap: drawn.softcap,
             optional: Optionals::NONE,
@@ -184,13 +187,4 @@ impl<Q: Element> Drawn for QuantCase<Q> {
     fn quantization(&self, _: Activation, _: u64) -> Option<Deviation> {
         Some(self.format_error)
     }
-}
-
-/// The exact values of `blocks`, in parallel.
-fn dequantized<Q: Element>(blocks: &[Q]) -> Vec<f32> {
-    let mut out = vec![0f32; blocks.len() * Q::VALUES];
-    out.par_chunks_mut(Q::VALUES)
-        .zip(blocks)
-        .for_each(|(o, b)| b.dequantize(o));
-    out
 }
