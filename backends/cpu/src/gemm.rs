@@ -271,13 +271,20 @@ mod avx512 {
                     };
                 }
             }
-            for (t, tile_acc) in acc.iter().enumerate() {
-                let (i0, mi) = (t * MR, MR.min(m - t * MR));
-                for ti in 0..mi {
-                    let crow = &mut c[(i0 + ti) * ldc + j0..][..nj];
-                    for tj in 0..nj {
-                        crow[tj] += _mm512_reduce_add_ps(tile_acc[ti][tj]);
-                    }
+            add_tiles(&acc, c, ldc, m, j0, nj);
+        }
+    }
+
+    /// Each tile's 16-lane sums reduced and added to `c`'s rows of `a` (`m` in all) and its
+    /// columns `j0..j0 + nj` (the rows and columns past the edges are not stored).
+    #[target_feature(enable = "avx512f")]
+    fn add_tiles(acc: &[Acc], c: &mut [f32], ldc: usize, m: usize, j0: usize, nj: usize) {
+        for (t, tile_acc) in acc.iter().enumerate() {
+            let (i0, mi) = (t * MR, MR.min(m - t * MR));
+            for ti in 0..mi {
+                let crow = &mut c[(i0 + ti) * ldc + j0..][..nj];
+                for tj in 0..nj {
+                    crow[tj] += _mm512_reduce_add_ps(tile_acc[ti][tj]);
                 }
             }
         }
@@ -332,15 +339,7 @@ mod avx512 {
                     };
                 }
             }
-            for (t, tile_acc) in acc.iter().enumerate() {
-                let (i0, mi) = (t * MR, MR.min(m - t * MR));
-                for ti in 0..mi {
-                    let crow = &mut c[(i0 + ti) * ldc + j0..][..nj];
-                    for tj in 0..nj {
-                        crow[tj] += _mm512_reduce_add_ps(tile_acc[ti][tj]);
-                    }
-                }
-            }
+            add_tiles(&acc, c, ldc, m, j0, nj);
         }
     }
 
