@@ -285,24 +285,26 @@ pub(crate) fn dense_mlp<W: Element>(
     let mut out = vec![0f32; xn.len()];
     let t = xn.len() / h;
     let what = "dense_mlp";
+    // Through the dense kernel, the rows rounded to `W`.
+    let mut dense = |gate: &[W], up: &[W], down: &[W], trace: &mut Vec<Trace>| {
+        let shape = Shape {
+            t,
+            h,
+            f,
+            ..Shape::default()
+        };
+        let x = to_w::<W>(xn);
+        let inputs = Inputs::dense_mlp(&x, gate, up, down);
+        run_traced(
+            kernels, layer, what, activation, &shape, &inputs, &mut out, None, trace,
+        )
+    };
     match mlp {
         DenseMlp::Plain {
             gate_proj,
             up_proj,
             down_proj,
-        } => {
-            let x = to_w::<W>(xn);
-            let shape = Shape {
-                t,
-                h,
-                f,
-                ..Shape::default()
-            };
-            let inputs = Inputs::dense_mlp(&x, gate_proj, up_proj, down_proj);
-            run_traced(
-                kernels, layer, what, activation, &shape, &inputs, &mut out, None, trace,
-            )?;
-        }
+        } => dense(gate_proj, up_proj, down_proj, trace)?,
         // Prefill on the CPU: the blocks widened once to the model's type and the dense
         // kernel's GEMMs over the rows in it, as the plain model computes, which outrun a row
         // product per token (the trace names the dense variant that ran; widening is exact in
@@ -311,22 +313,9 @@ pub(crate) fn dense_mlp<W: Element>(
             gate_up_proj,
             down_proj,
         } if t >= moek_cpu::gemm::STREAM_ROWS && kernels.backend.target == Target::Cpu => {
-            let (gate_up, down) = (
-                to_w::<W>(&gate_up_proj.values()),
-                to_w::<W>(&down_proj.values()),
-            );
+            let gate_up = gate_up_proj.widened();
             let (gate, up) = gate_up.split_at(f * h);
-            let shape = Shape {
-                t,
-                h,
-                f,
-                ..Shape::default()
-            };
-            let x = to_w::<W>(xn);
-            let inputs = Inputs::dense_mlp(&x, gate, up, &down);
-            run_traced(
-                kernels, layer, what, activation, &shape, &inputs, &mut out, None, trace,
-            )?;
+            dense(gate, up, &down_proj.widened(), trace)?
         }
         DenseMlp::Blocks {
             gate_up_proj,
@@ -346,7 +335,7 @@ pub(crate) fn dense_mlp<W: Element>(
             let at = (layer, what);
             routed_experts(
                 kernels, at, activation, &shape, routes, banks, &mut out, None, trace,
-            )?;
+            )?
         }
     }
     Ok(out)

@@ -20,7 +20,7 @@ pub struct Heads {
     pub head_dim: usize,
     pub window: Option<usize>,
 }
-use crate::quantized::Stored;
+use crate::quantized::{Stored, widened};
 use moek_cpu::quant::Weight;
 use moek_kernels::Element;
 use moek_kernels::ir::quant::{BlockMxfp4, BlockQ8_0};
@@ -175,8 +175,8 @@ fn block_rows<'x, W: Element, Q: Weight>(
         return;
     }
     let per_row = inp / Q::VALUES;
-    let w = moek_kernels::blocks::dequantize(&blocks[cols.start * per_row..cols.end * per_row]);
-    moek_cpu::gemm_nt(a, inp, &to_w::<W>(&w), inp, c, n, rows, n, inp);
+    let w: Vec<W> = widened(&blocks[cols.start * per_row..cols.end * per_row]);
+    moek_cpu::gemm_nt(a, inp, &w, inp, c, n, rows, n, inp);
 }
 
 /// Inverse frequencies of a layer's RoPE: `theta^(-2j/d) / factor` for the rotated pairs, 0 for

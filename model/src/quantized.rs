@@ -59,7 +59,18 @@ impl Quantize {
 /// blocks: such a matrix stays in the model's type, as llama.cpp keeps its odd-width tensors in
 /// a wider type, where an expert bank of that width is an error.
 pub fn for_rows(format: Option<BlockFormat>, shape: &[usize]) -> Option<BlockFormat> {
-    format.filter(|_| shape.last().is_some_and(|n| n % BLOCK == 0))
+    format.filter(|_| whole_blocks(&shape[shape.len() - 1..]))
+}
+
+/// Whether a dense MLP of `[f, h]` goes in blocks: both extents whole blocks, its three
+/// matrices together or not at all (down's rows are gate's and up's outputs).
+pub fn dense_in_blocks(f: usize, h: usize) -> bool {
+    whole_blocks(&[f, h])
+}
+
+/// Whether every extent is whole blocks.
+fn whole_blocks(extents: &[usize]) -> bool {
+    extents.iter().all(|n| n % BLOCK == 0)
 }
 
 /// Whether checkpoint tensor `name` is one of attention's projections or a dense MLP's
@@ -81,12 +92,11 @@ fn dense_tensor(name: &str) -> bool {
 }
 
 /// Whether the linear matrix `name` of `shape` can go in blocks: its rows whole blocks
-/// ([`for_rows`]); a dense MLP's matrix both its extents, since its three matrices go in
-/// blocks together or not at all (down's rows are gate's and up's outputs).
+/// ([`for_rows`]), a dense MLP's matrix both its extents ([`dense_in_blocks`]).
 pub fn linear_in_blocks(name: &str, shape: &[usize]) -> bool {
     match dense_tensor(name) {
-        true => shape.iter().all(|n| n % BLOCK == 0),
-        false => for_rows(Some(BlockFormat::Q8_0), shape).is_some(),
+        true => whole_blocks(shape),
+        false => whole_blocks(&shape[shape.len() - 1..]),
     }
 }
 
@@ -134,13 +144,13 @@ impl<W: Element> Stored<'_, W> {
         }
     }
 
-    /// Every value as f32: widened, or its blocks' exact values.
-    pub fn values(&self) -> Vec<f32> {
+    /// Every value in `W`: as it is, or its blocks' exact values rounded to `W`.
+    pub fn widened(&self) -> Cow<'_, [W]> {
         match self {
-            Stored::Plain(m) => m.iter().map(|v| v.to_f32()).collect(),
-            Stored::Q8_0(b) => moek_kernels::blocks::dequantize(b),
-            Stored::Q4_0(b) => moek_kernels::blocks::dequantize(b),
-            Stored::Mxfp4(b) => moek_kernels::blocks::dequantize(b),
+            Stored::Plain(m) => Cow::Borrowed(m),
+            Stored::Q8_0(b) => Cow::Owned(widened(b)),
+            Stored::Q4_0(b) => Cow::Owned(widened(b)),
+            Stored::Mxfp4(b) => Cow::Owned(widened(b)),
         }
     }
 
@@ -163,6 +173,11 @@ impl<W: Element> Stored<'_, W> {
             Some(BlockFormat::Mxfp4) => Stored::Mxfp4(Cow::Owned(quantize(&values))),
         }
     }
+}
+
+/// `blocks`' exact values rounded to `W` (exact in f32; within 2^-9 of each value in bf16).
+pub fn widened<Q: Element, W: Element>(blocks: &[Q]) -> Vec<W> {
+    crate::ops::to_w(&moek_kernels::blocks::dequantize(blocks))
 }
 
 /// A dense MLP's matrices: in `W` as the checkpoint stores them (read in place), or in blocks

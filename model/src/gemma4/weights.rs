@@ -9,10 +9,10 @@ use crate::checkpoint::{
     Checkpoint, LoadError, QUANTIZATION_KEY, Residence, block_shape, dtype_of,
 };
 use crate::gemma4::config::{Config, Moe};
-use crate::quantized::{DenseMlp, Quantize, Stored, for_rows};
+use crate::quantized::{DenseMlp, Quantize, Stored, dense_in_blocks, for_rows};
 use moek_kernels::Element;
 use moek_kernels::ir::DType;
-use moek_kernels::ir::quant::{BLOCK, BlockMxfp4, BlockQ4_0, BlockQ8_0};
+use moek_kernels::ir::quant::{BlockMxfp4, BlockQ4_0, BlockQ8_0};
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 use std::borrow::Cow;
@@ -200,7 +200,7 @@ pub fn build<'c, W: Element>(
             },
             mlp: {
                 // In blocks whole or not at all: one of odd width keeps all three in `W`.
-                let blocks = [ff, h].iter().all(|n| n % BLOCK == 0);
+                let blocks = dense_in_blocks(ff, h);
                 let mut part = |name: &str, shape: &[usize]| {
                     let names = key(name);
                     let m = match blocks {

@@ -6,10 +6,11 @@
 
 use super::config::{Config, Mlp as Kind};
 use crate::checkpoint::{Checkpoint, LoadError, Residence};
-use crate::quantized::{DenseMlp, Quantize, Scope, Stored, for_rows, linear_tensor, read_bank};
+use crate::quantized::{
+    DenseMlp, Quantize, Scope, Stored, dense_in_blocks, for_rows, linear_tensor, read_bank,
+};
 use moek_kernels::Element;
 use moek_kernels::ir::BlockFormat;
-use moek_kernels::ir::quant::BLOCK;
 use std::borrow::Cow;
 
 /// `self_attn.*`: the projections in `W` or in blocks ([`crate::quantized::Scope`]).
@@ -155,9 +156,9 @@ pub fn load_quantized<'c, W: Element>(
             Kind::Dense => {
                 let f = cfg.intermediate_size;
                 // In blocks whole or not at all: one of odd width keeps all three in `W`.
-                let part = |name: &str, shape: &[usize]| match (f % BLOCK, h % BLOCK) {
-                    (0, 0) => linear(name, shape),
-                    _ => Ok((name.to_string(), Stored::Plain(matrix(name, shape)?))),
+                let part = |name: &str, shape: &[usize]| match dense_in_blocks(f, h) {
+                    true => linear(name, shape),
+                    false => Ok((name.to_string(), Stored::Plain(matrix(name, shape)?))),
                 };
                 Feedforward::Dense(DenseMlp::new([
                     part(&k("mlp.gate_proj.weight"), &[f, h])?,
