@@ -48,9 +48,8 @@ impl Skeleton {
     }
 
     /// Whether the skeleton reads weight rows only through products (gathered routes,
-    /// matrix-vector), never as GEMM operands: then it runs on any stored weight, quantized
-    /// blocks included, beside activations of another type. GEMM skeletons multiply activations
-    /// and weights of one element type.
+    /// matrix-vector), never as GEMM operands (tokens grouped, the persistent loop, the dense
+    /// MLP). Both run on any stored weight the spec declares, quantized blocks included.
     pub fn reads_weights_apart(self) -> bool {
         !matches!(
             self,

@@ -62,12 +62,12 @@ pub fn run_gathered<W: Weight, A: Element>(
     })
 }
 
-/// Runs a schedule whose skeleton multiplies GEMM operands: activations and weights in one
-/// plain element type `W`.
-pub fn run_gemm<W: Element>(
+/// Runs a schedule whose skeleton multiplies GEMM operands ([`Weight::gemm_nt`]): plain weights
+/// beside activations of their own type, or blocks beside f32 or bf16 activations.
+pub fn run_gemm<W: Weight, A: Element>(
     t: &Tables,
     s: &Shape,
-    inputs: &Inputs<'_, W>,
+    inputs: &Inputs<'_, W, A>,
     out: &mut [f32],
 ) -> Option<u32> {
     t.check_shape(s);
@@ -115,43 +115,32 @@ fn mismatch(t: &Tables, sk: Skeleton, op: moek_ir::Op) -> ! {
 
 /// Runs tables built at run time on type-erased inputs: the dtype picks the instantiation, as
 /// the compiled function table does for a generated variant. `None` when the inputs are not of
-/// a dtype the tables can run (a GEMM skeleton on quantized weights).
+/// that dtype.
 pub(crate) fn run_tables(
     t: &Tables,
     s: &Shape,
     inputs: &AnyInputs<'_, '_>,
     out: &mut [f32],
 ) -> Option<Option<u32>> {
-    fn plain<W: Weight>(
+    fn typed<W: Weight, A: Element>(
         t: &Tables,
         s: &Shape,
         inputs: &AnyInputs<'_, '_>,
         out: &mut [f32],
     ) -> Option<Option<u32>> {
-        let typed = inputs.typed::<W, W>()?;
+        let typed = inputs.typed::<W, A>()?;
         Some(match t.skeleton.reads_weights_apart() {
             true => run_gathered(t, s, typed, out),
             false => run_gemm(t, s, typed, out),
         })
     }
-    fn blocks<Q: Weight, A: Element>(
-        t: &Tables,
-        s: &Shape,
-        inputs: &AnyInputs<'_, '_>,
-        out: &mut [f32],
-    ) -> Option<Option<u32>> {
-        let typed = inputs.typed::<Q, A>()?;
-        t.skeleton
-            .reads_weights_apart()
-            .then(|| run_gathered(t, s, typed, out))
-    }
     match inputs.storage.dtype {
-        DType::F16 => plain::<half::f16>(t, s, inputs, out),
-        DType::Bf16 => plain::<half::bf16>(t, s, inputs, out),
-        DType::F32 => plain::<f32>(t, s, inputs, out),
+        DType::F16 => typed::<half::f16, half::f16>(t, s, inputs, out),
+        DType::Bf16 => typed::<half::bf16, half::bf16>(t, s, inputs, out),
+        DType::F32 => typed::<f32, f32>(t, s, inputs, out),
         d => crate::with_block!(d, inputs.storage.values, |Q| match d.activation() {
-            DType::Bf16 => blocks::<Q, half::bf16>(t, s, inputs, out),
-            _ => blocks::<Q, f32>(t, s, inputs, out),
+            DType::Bf16 => typed::<Q, half::bf16>(t, s, inputs, out),
+            _ => typed::<Q, f32>(t, s, inputs, out),
         }),
     }
 }

@@ -240,6 +240,36 @@ kernel! {
         requires:        indexed_selection_layout;
     }
 
+    /// Prefill with Q8_0 or Q4_0 experts at the 26B-A4B's geometry: tokens grouped by expert,
+    /// each expert's rows dequantized exactly, a panel at a time, into f32 for the GEMM tiles,
+    /// against the activations as they are (nothing rounded to 8 bits, unlike the row products
+    /// of decode). An expert's dequantized rows serve all its tokens, where the gathered
+    /// products multiply every row once per token.
+    pub prefill_expert_ffn_grouped_quantized = expert_ffn {
+        dims:    T = 2.., R = 8, E = 128, H = 2816, F = 704;
+        dtypes:  q8_0, q4_0, q8_0_bf16, q4_0_bf16;
+        targets: cpu;
+        select:  grouped E by R;
+    }
+
+    /// [`prefill_expert_ffn_grouped_quantized`] at any size, any block format.
+    pub general_expert_ffn_grouped_quantized = expert_ffn {
+        dims:    T = 2.., R, E, H, F;
+        dtypes:  q8_0, q4_0, mxfp4, q8_0_bf16, q4_0_bf16;
+        targets: cpu;
+        select:  grouped E by R;
+    }
+
+    /// [`general_expert_ffn_grouped_quantized`] with SiLU experts (Qwen3-MoE, Mixtral,
+    /// DeepSeek).
+    pub general_expert_ffn_grouped_quantized_silu = expert_ffn {
+        dims:       T = 2.., R, E, H, F;
+        dtypes:     q8_0, q4_0, mxfp4, q8_0_bf16, q4_0_bf16;
+        targets:    cpu;
+        activation: silu;
+        select:     grouped E by R;
+    }
+
     /// The general expert FFN for quantized expert weights, any size whose rows are whole
     /// blocks of 32 (Q8_0, Q4_0 beside f32 or bf16 activations; MXFP4 beside f32).
     pub general_expert_ffn_gather_quantized = expert_ffn {
@@ -317,6 +347,18 @@ kernel! {
         bias:       gate_up, down;
         select:     gather E by R;
         cores:      R = 8;
+    }
+
+    /// gpt-oss's prefill experts as its checkpoints ship them (MXFP4, or Q8_0 and Q4_0 from a
+    /// bf16 checkpoint quantized at load): tokens grouped by expert, each expert's rows
+    /// dequantized a panel at a time for the GEMM tiles, biases added to the products.
+    pub general_expert_ffn_grouped_swiglu_biased_quantized = expert_ffn {
+        dims:       T = 2.., R, E, H, F;
+        dtypes:     mxfp4, mxfp4_bf16, q8_0, q4_0;
+        targets:    cpu;
+        activation: swiglu_clamped(limit = 7.0, alpha = 1.702);
+        bias:       gate_up, down;
+        select:     grouped E by R;
     }
 
     /// gpt-oss's prefill experts (bf16 or f32 checkpoints), any size: tokens grouped by expert,

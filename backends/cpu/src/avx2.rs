@@ -567,10 +567,12 @@ pub(crate) mod gemm {
             const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
     }
 
-    /// Shapes were checked by [`crate::gemm::gemm_nt`].
+    /// Shapes were checked by [`crate::gemm::gemm_nt`] (or [`crate::quant::gemm_blocks`]):
+    /// `b` plain (then of `a`'s type) or in blocks, dequantized exactly as its chunks are
+    /// widened ([`crate::quant::dequantize_chunk`]); `ldb` and `k` count values.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn gemm<W: Element>(
-        a: &[W],
+    pub(crate) unsafe fn gemm<A: Element, W: Element>(
+        a: &[A],
         lda: usize,
         b: &[W],
         ldb: usize,
@@ -587,10 +589,10 @@ pub(crate) mod gemm {
                 let (a, c, m) = (&a[m0 * lda..], &mut c[m0 * ldc..], MC.min(m - m0));
                 // SAFETY: forwarded from the caller, for rows m0.. of `a` and `c`.
                 unsafe {
-                    match kind_code::<W>() {
-                        F32 => gemm_in::<F32, W>(a, lda, b, ldb, c, ldc, m, n, k, a32, panel),
-                        F16 => gemm_in::<F16, W>(a, lda, b, ldb, c, ldc, m, n, k, a32, panel),
-                        _ => gemm_in::<BF16, W>(a, lda, b, ldb, c, ldc, m, n, k, a32, panel),
+                    match kind_code::<A>() {
+                        F32 => gemm_in::<F32, _, _>(a, lda, b, ldb, c, ldc, m, n, k, a32, panel),
+                        F16 => gemm_in::<F16, _, _>(a, lda, b, ldb, c, ldc, m, n, k, a32, panel),
+                        _ => gemm_in::<BF16, _, _>(a, lda, b, ldb, c, ldc, m, n, k, a32, panel),
                     }
                 }
             }
@@ -599,8 +601,8 @@ pub(crate) mod gemm {
 
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn gemm_in<const K: u8, W: Element>(
-        a: &[W],
+    unsafe fn gemm_in<const K: u8, A: Element, W: Element>(
+        a: &[A],
         lda: usize,
         b: &[W],
         ldb: usize,
@@ -637,7 +639,13 @@ pub(crate) mod gemm {
                 for (r, &off) in brows.iter().enumerate() {
                     let dst = &mut panel[r * PANEL_LD..r * PANEL_LD + steps];
                     dst[len..].fill(0.0);
-                    // The same chunk of the next panel's row is fetched while this one widens.
+                    if W::VALUES > 1 {
+                        let ahead = next.map(|nx| nx[r] + kc);
+                        crate::quant::dequantize_chunk(b, off + kc, &mut dst[..len], ahead);
+                        continue;
+                    }
+                    // The same chunk of the next panel's row is fetched while this one widens
+                    // (plain `b` is of `a`'s kind `K`).
                     // SAFETY: row `j0 + r` of `b` holds `k` elements from `off`, and so does
                     // the next panel's row.
                     unsafe {

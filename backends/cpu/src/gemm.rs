@@ -159,7 +159,7 @@ fn by_dots<W: Element>(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     //! f32 FMA tiles over operands widened once: activations (`a`, few rows, reused by every
     //! panel) are widened for the whole call, weights (`b`, streamed once) one panel chunk at a
     //! time. On the core this was first measured on, two 16-lane FMAs per cycle outran
@@ -184,9 +184,11 @@ mod avx512 {
 
     type Acc = [[__m512; NR]; MR];
 
+    /// `b` plain (then of `a`'s type) or in blocks, dequantized exactly as its chunks are
+    /// widened ([`crate::quant::dequantize_chunk`]); `ldb` and `k` count values.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub unsafe fn gemm<W: Element>(
-        a: &[W],
+    pub(crate) unsafe fn gemm<A: Element, W: Element>(
+        a: &[A],
         lda: usize,
         b: &[W],
         ldb: usize,
@@ -209,8 +211,8 @@ mod avx512 {
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn gemm_in<W: Element>(
-        a: &[W],
+    unsafe fn gemm_in<A: Element, W: Element>(
+        a: &[A],
         lda: usize,
         b: &[W],
         ldb: usize,
@@ -230,7 +232,7 @@ mod avx512 {
         for i in 0..m {
             // SAFETY: row i of `a` holds `k` elements (asserted by the caller).
             unsafe {
-                widen::<W>(
+                widen::<A>(
                     a.as_ptr().add(i * lda),
                     k,
                     &mut a32[i * k16..i * k16 + k],
@@ -254,7 +256,12 @@ mod avx512 {
                     let dst = &mut panel[r * PANEL_LD..r * PANEL_LD + steps];
                     dst[len..].fill(0.0);
                     // The same chunk of the next panel's row is fetched while this one widens.
-                    let ahead = next.map(|nx| b[nx[r] + kc..].as_ptr());
+                    let ahead = next.map(|nx| nx[r] + kc);
+                    if W::VALUES > 1 {
+                        crate::quant::dequantize_chunk(b, off + kc, &mut dst[..len], ahead);
+                        continue;
+                    }
+                    let ahead = ahead.map(|at| b[at..].as_ptr());
                     // SAFETY: row `j0 + r` of `b` holds `k` elements from `off`.
                     unsafe { widen::<W>(b.as_ptr().add(off + kc), len, &mut dst[..len], ahead) };
                 }

@@ -11,7 +11,8 @@ use std::sync::OnceLock;
 pub enum Isa {
     /// AVX-512 as below, plus AMX tiles (`tdpbf16ps`) for bf16 GEMMs.
     Amx,
-    /// AVX-512 F/BW/VL with BF16 dot products (`vdpbf16ps`) and 16-bit conversion.
+    /// AVX-512 F/BW/VL with BF16 dot products (`vdpbf16ps`), VNNI byte dot products
+    /// (`vpdpbusd`: every CPU with AVX-512 BF16 has them) and 16-bit conversion.
     Avx512Bf16,
     /// AVX2 with FMA and F16C: 8 f32 lanes, 16-bit weights widened on load ([`crate::avx2`]).
     Avx2,
@@ -96,7 +97,7 @@ pub fn isa() -> Isa {
             "avx512" => {
                 assert!(
                     has_avx512_bf16(),
-                    "MOEK_CPU_ISA=avx512 but this CPU lacks AVX-512 F/BW/VL/BF16; unset it or use `avx2` or `portable`"
+                    "MOEK_CPU_ISA=avx512 but this CPU lacks AVX-512 F/BW/VL/BF16/VNNI; unset it or use `avx2` or `portable`"
                 );
                 Isa::Avx512Bf16
             }
@@ -131,6 +132,7 @@ pub fn has_avx512_bf16() -> bool {
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512vl")
             && is_x86_feature_detected!("avx512bf16")
+            && is_x86_feature_detected!("avx512vnni")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -22,6 +22,8 @@ pub mod quant;
 pub mod schedule;
 pub mod scratch;
 pub mod skeleton;
+#[cfg(target_arch = "x86_64")]
+pub mod vnni;
 
 pub use activation::{gelu_tanh, silu, softcap, softcap_slice, swiglu_clamped};
 pub use axpy::axpy;

@@ -9,8 +9,8 @@
 //! f32: a block of several groups only shares its scale among them. On AVX2 a Q8_0
 //! group is one `vpmaddubsw` (unsigned x signed bytes into i16 pairs; the weight's sign moved
 //! onto the activation by `vpsignb`) and one `vpmaddwd` against ones; Q4_0 takes two blocks a
-//! step ([`crate::avx2::dot_q4`]). There is no AVX-512 VNNI kernel yet, so the AVX-512 and AMX
-//! levels run the AVX2 one. Integer dots are chosen over widening
+//! step ([`crate::avx2::dot_q4`]). On AVX-512 (and AMX) both run on VNNI's `vpdpbusd`
+//! ([`crate::vnni`]). Integer dots are chosen over widening
 //! the weights to f32 and using FMAs: a block is 4 instructions instead of 12 (8 widenings and 4
 //! FMAs), and decode is bound by memory either way, prefill is not.
 //!
@@ -24,7 +24,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 /// An activation vector in Q8 groups: one f32 scale per group of 32 and the values as i8, also
-/// split into halves for the AVX2 Q4_0 kernel (`crate::avx2::dot_q4`).
+/// split into halves for the Q4_0 kernels (`crate::avx2::dot_q4`, `crate::vnni::dot_q4`).
 #[derive(Debug, Default)]
 pub struct QuantizedActivation {
     pub scales: Vec<f32>,
@@ -96,6 +96,11 @@ pub trait Weight: Element {
     /// `x` made ready for this element's products.
     fn row<A: Element>(x: &[A]) -> Self::Row<'_, A>;
 
+    /// What a GEMM skeleton keeps the gated activation in between its two products, beside
+    /// activations in `A`: `A` itself for plain weights (their GEMM multiplies one type), f32
+    /// for blocks (their GEMM widens its operand to f32 anyway: nothing is rounded).
+    type Gated<A: Element>: Element;
+
     /// `out[j - rows.start] = sum over segs (in order) of x[seg] . mat[j*ld + seg]` for `j` in
     /// `rows`, `x` a [`Weight::row`]; `ld` and the segments count values.
     fn matvec_row<A: Element>(
@@ -105,6 +110,23 @@ pub trait Weight: Element {
         rows: Range<usize>,
         segs: &[(usize, usize)],
         out: &mut [f32],
+    );
+
+    /// `c[i*ldc + j] += sum_{p<k} a[i*lda + p] * b(j, p)` for `i < m`, `j < n`, row `j` of `b`
+    /// starting `j * ldb` values in (`ldb` and `k` count values): the GEMM skeletons' product.
+    /// Plain weights are multiplied as [`crate::gemm_nt`] does, beside activations of their own
+    /// type; blocks as [`gemm_blocks`] does, beside either.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_nt<A: Element>(
+        a: &[A],
+        lda: usize,
+        b: &[Self],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+        m: usize,
+        n: usize,
+        k: usize,
     );
 
     /// [`Weight::matvec_row`] of `x` as it is (made ready for this one product).
@@ -125,6 +147,7 @@ macro_rules! plain_weight {
     ($($ty:ty),*) => {$(
         impl Weight for $ty {
             type Row<'a, A: Element> = &'a [A];
+            type Gated<A: Element> = A;
 
             fn row<A: Element>(x: &[A]) -> &[A] {
                 x
@@ -140,6 +163,26 @@ macro_rules! plain_weight {
             ) {
                 let start = rows.start;
                 crate::dot::dot_rows(x, mat, ld, rows, segs, |j, v| out[j - start] = v);
+            }
+
+            fn gemm_nt<A: Element>(
+                a: &[A],
+                lda: usize,
+                b: &[$ty],
+                ldb: usize,
+                c: &mut [f32],
+                ldc: usize,
+                m: usize,
+                n: usize,
+                k: usize,
+            ) {
+                assert_eq!(
+                    A::KIND,
+                    <$ty>::KIND,
+                    "a GEMM multiplies plain weights by activations of their own type"
+                );
+                let a: &[$ty] = bytemuck::cast_slice(a);
+                crate::gemm_nt(a, lda, b, ldb, c, ldc, m, n, k);
             }
         }
     )*};
@@ -163,11 +206,14 @@ pub struct Dots<Q> {
     /// bytes on. Unsafe: the level must be checked.
     #[cfg(target_arch = "x86_64")]
     pub avx2: SegmentDots<Q>,
+    /// The same on AVX-512 VNNI ([`crate::vnni`]).
+    #[cfg(target_arch = "x86_64")]
+    pub avx512: SegmentDots<Q>,
 }
 
 /// The portable group dots of a block type with inherent `scale` and `step`.
 macro_rules! dots {
-    ($name:ident, $ty:ident, $avx2:path) => {
+    ($name:ident, $ty:ident, $avx2:path, $avx512:path) => {
         /// The row products of this block type at `G` groups a block.
         pub fn $name<const G: usize>() -> Dots<$ty<G>> {
             Dots {
@@ -187,13 +233,15 @@ macro_rules! dots {
                 },
                 #[cfg(target_arch = "x86_64")]
                 avx2: $avx2,
+                #[cfg(target_arch = "x86_64")]
+                avx512: $avx512,
             }
         }
     };
 }
 
-dots!(dots_q8, BlockQ8, crate::avx2::dot_q8);
-dots!(dots_q4, BlockQ4, crate::avx2::dot_q4);
+dots!(dots_q8, BlockQ8, crate::avx2::dot_q8, crate::vnni::dot_q8);
+dots!(dots_q4, BlockQ4, crate::avx2::dot_q4, crate::vnni::dot_q4);
 
 thread_local! {
     /// Each thread's quantized activation, reused from one product to the next.
@@ -206,6 +254,7 @@ macro_rules! quantized_weight {
     ($([$($generics:tt)*] $ty:ty: $dots:expr),*) => {$(
         impl<$($generics)*> Weight for $ty {
             type Row<'a, A: Element> = QuantizedActivation;
+            type Gated<A: Element> = f32;
 
             fn row<A: Element>(x: &[A]) -> QuantizedActivation {
                 let mut q = QuantizedActivation::default();
@@ -222,6 +271,20 @@ macro_rules! quantized_weight {
                 out: &mut [f32],
             ) {
                 rows_q(x, mat, ld, rows, segs, out, $dots);
+            }
+
+            fn gemm_nt<A: Element>(
+                a: &[A],
+                lda: usize,
+                b: &[$ty],
+                ldb: usize,
+                c: &mut [f32],
+                ldc: usize,
+                m: usize,
+                n: usize,
+                k: usize,
+            ) {
+                gemm_blocks(a, lda, b, ldb, c, ldc, m, n, k);
             }
 
             fn matvec_segments<A: Element>(
@@ -260,6 +323,7 @@ thread_local! {
 /// decode, which it serves, is bound by the weights' bytes either way.
 impl Weight for BlockMxfp4 {
     type Row<'a, A: Element> = Vec<f32>;
+    type Gated<A: Element> = f32;
 
     fn row<A: Element>(x: &[A]) -> Vec<f32> {
         x.iter().map(|v| v.to_f32()).collect()
@@ -274,6 +338,20 @@ impl Weight for BlockMxfp4 {
         out: &mut [f32],
     ) {
         rows_mxfp4(x, mat, ld, rows, segs, out);
+    }
+
+    fn gemm_nt<A: Element>(
+        a: &[A],
+        lda: usize,
+        b: &[BlockMxfp4],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) {
+        gemm_blocks(a, lda, b, ldb, c, ldc, m, n, k);
     }
 
     fn matvec_segments<A: Element>(
@@ -344,6 +422,105 @@ pub fn rows_mxfp4(
     }
 }
 
+/// Rows of `b` [`gemm_blocks`] dequantizes at a time where the level has no GEMM that
+/// dequantizes its own chunks (the portable level, and fewer than
+/// [`crate::gemm::STREAM_ROWS`] rows of `a`): a multiple of the tiles' 4 and 6 rows.
+const PANEL_ROWS: usize = 48;
+
+thread_local! {
+    /// Each thread's activations widened to f32 and its panel of dequantized rows.
+    static PANELS: RefCell<(Vec<f32>, Vec<f32>)> = RefCell::default();
+}
+
+/// [`Weight::gemm_nt`] for rows in blocks of `Q`: the weights' exact values against the
+/// activations as they are, in f32 sums (unlike the row products, [`rows_q`], nothing is
+/// rounded to 8 bits). On AVX2 and AVX-512 the level's f32 GEMM tiles dequantize each chunk of
+/// a panel of `b` where they would widen a plain one ([`dequantize_chunk`]), into L1, and
+/// widen `a` once; elsewhere [`PANEL_ROWS`] rows are dequantized at a time for
+/// [`crate::gemm_nt`] on f32. With tokens to share each dequantized row (prefill: an expert's
+/// tokens), a tile's multiply-adds cost far less per weight than an integer dot per token.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_blocks<A: Element, Q: Element>(
+    a: &[A],
+    lda: usize,
+    b: &[Q],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let v = Q::VALUES;
+    assert!(
+        ldb.is_multiple_of(v) && k.is_multiple_of(v),
+        "quantized rows of {ldb} values, a reduction of {k}: not whole blocks of {v}"
+    );
+    assert!(
+        k <= lda && k <= ldb && n <= ldc,
+        "gemm_blocks: leading dims shorter than k or n"
+    );
+    assert!(a.len() >= (m - 1) * lda + k, "gemm_blocks: a is too short");
+    assert!(
+        b.len() * v >= (n - 1) * ldb + k,
+        "gemm_blocks: b is too short"
+    );
+    assert!(c.len() >= (m - 1) * ldc + n, "gemm_blocks: c is too short");
+    match isa() {
+        _ if m < crate::gemm::STREAM_ROWS => {}
+        // SAFETY: the level's features were detected; the shapes were asserted above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Amx | Isa::Avx512Bf16 => {
+            return unsafe { crate::gemm::avx512::gemm(a, lda, b, ldb, c, ldc, m, n, k) };
+        }
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => return unsafe { crate::avx2::gemm::gemm(a, lda, b, ldb, c, ldc, m, n, k) },
+        _ => {}
+    }
+    PANELS.with_borrow_mut(|(a32, panel)| {
+        a32.clear();
+        for i in 0..m {
+            a32.extend(a[i * lda..i * lda + k].iter().map(|x| x.to_f32()));
+        }
+        for j0 in (0..n).step_by(PANEL_ROWS) {
+            let nj = PANEL_ROWS.min(n - j0);
+            panel.resize(nj * k, 0.0);
+            for (r, row) in panel.chunks_exact_mut(k).enumerate() {
+                dequantize_chunk(b, (j0 + r) * ldb, row, None);
+            }
+            crate::gemm_nt(a32, k, panel, k, &mut c[j0..], ldc, m, nj, k);
+        }
+    });
+}
+
+/// Values `at..at + dst.len()` of `b` (whole blocks), exactly, into `dst`, fetching as many
+/// bytes from value `ahead` on alongside. Inlined into each level's GEMM, so the loops
+/// compile for that level.
+#[inline(always)]
+pub(crate) fn dequantize_chunk<Q: Element>(
+    b: &[Q],
+    at: usize,
+    dst: &mut [f32],
+    ahead: Option<usize>,
+) {
+    let v = Q::VALUES;
+    let blocks = &b[at / v..(at + dst.len()) / v];
+    if let Some(ahead) = ahead {
+        let bytes = std::mem::size_of_val(blocks);
+        let from = b[ahead / v..].as_ptr().cast::<u8>();
+        for line in (0..bytes).step_by(64) {
+            crate::memory::prefetch(from.wrapping_add(line));
+        }
+    }
+    for (blk, o) in blocks.iter().zip(dst.chunks_exact_mut(v)) {
+        blk.dequantize(o);
+    }
+}
+
 /// Checks a product of rows in blocks of `Q` (`mat`, `blocks` of them, `ld` values a row)
 /// with `k` activation values: whole blocks, segments of whole groups within `0..k`, rows within
 /// the matrix, one output a row. Returns blocks a row, blocks the activation spans, and the
@@ -397,8 +574,13 @@ pub fn rows_q<Q: Element>(
         let row = &mat[j * ldb..j * ldb + kb];
         *o = match level {
             #[cfg(target_arch = "x86_64")]
-            Isa::Amx | Isa::Avx512Bf16 | Isa::Avx2 => {
+            Isa::Amx | Isa::Avx512Bf16 => {
                 // SAFETY: the level is checked; the kernel asserts the lengths.
+                unsafe { (dots.avx512)(row, x, &groups, ahead) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                // SAFETY: as above.
                 unsafe { (dots.avx2)(row, x, &groups, ahead) }
             }
             _ => groups
@@ -428,11 +610,14 @@ mod tests {
     /// Against f64 sums of the dequantized weights and activations: the integer path computes
     /// those exactly up to f32 sums of the block products.
     fn matches_dequantized<Q: Element>(dots: Dots<Q>) {
-        // 19 blocks in segments of 3 and 16 (the second starting on an odd block): the AVX2
-        // Q4 kernel's pairs of groups, its 8-group steps and (for one-group blocks) its last
-        // odd group; pairs and steps span blocks of several groups.
+        // Segments of 3 and 16 blocks (the second starting on an odd block), then one of each
+        // length from 1 to 17 and one of 31: every kernel's whole steps (2, 8, 4, 16 groups),
+        // each count of the steps after them and a last odd group; steps span blocks of
+        // several groups.
         let block = Q::VALUES;
-        let (rows, k) = (5, 19 * block);
+        let mut lens = vec![3, 16];
+        lens.extend((1..=17).chain([31]));
+        let (rows, k) = (5, lens.iter().sum::<usize>() * block);
         let w: Vec<Q> = quantize(&values(rows * k, 1));
         let x = values(k, 2);
         let mut xq = QuantizedActivation::default();
@@ -444,7 +629,13 @@ mod tests {
             .map(|(i, &q)| f64::from(xq.scales[i / GROUP]) * f64::from(q))
             .collect();
         let wd = dequantize(&w);
-        let segs = [(0, 3 * block), (3 * block, k)];
+        let segs: Vec<(usize, usize)> = lens
+            .iter()
+            .scan(0, |at, len| {
+                *at += len * block;
+                Some((*at - len * block, *at))
+            })
+            .collect();
         let mut got = vec![0f32; rows];
         rows_q(&xq, &w, k, 0..rows, &segs, &mut got, dots);
         for (j, g) in got.iter().enumerate() {
@@ -495,6 +686,44 @@ mod tests {
                 "{}: row {j}: {g} vs {want}",
                 isa().name()
             );
+        }
+    }
+
+    /// The GEMM over blocks against f64 sums of the dequantized weights and the unrounded
+    /// activations: nothing is rounded but the f32 sums, held to the classical bound of `k`
+    /// f32 additions (`k u` times the sum of the products' magnitudes). One row (the panel path), 5 and 70 rows
+    /// (the level's tiles, an edge tile, more than one block of rows on AVX2), a reduction over
+    /// more than one chunk of the tiles, rows longer than the reduction, a bf16 activation.
+    #[test]
+    fn gemm_over_blocks_matches_the_dequantized_sums() {
+        fn check<Q: Element, A: Element>(m: usize) {
+            let (n, k, ldb) = (13, 40 * Q::VALUES, 41 * Q::VALUES);
+            let w: Vec<Q> = quantize(&values(n * ldb, 3));
+            let a: Vec<A> = values(m * k, 4).into_iter().map(A::from_f32).collect();
+            let wd = dequantize(&w);
+            let mut c = vec![1f32; m * n];
+            gemm_blocks(&a, k, &w, ldb, &mut c, n, m, n, k);
+            for i in 0..m {
+                for j in 0..n {
+                    let terms = (0..k)
+                        .map(|p| f64::from(a[i * k + p].to_f32()) * f64::from(wd[j * ldb + p]));
+                    let want: f64 = 1.0 + terms.clone().sum::<f64>();
+                    let bound =
+                        (k + 1) as f64 * 2f64.powi(-24) * (1.0 + terms.map(f64::abs).sum::<f64>());
+                    let got = f64::from(c[i * n + j]);
+                    assert!(
+                        (got - want).abs() <= bound,
+                        "{} {m} rows: ({i}, {j}): {got} vs {want}",
+                        isa().name()
+                    );
+                }
+            }
+        }
+        for m in [1, 5, 70] {
+            check::<BlockQ8<1>, f32>(m);
+            check::<BlockQ4<1>, half::bf16>(m);
+            check::<BlockQ4<8>, f32>(m);
+            check::<BlockMxfp4, half::bf16>(m);
         }
     }
 

@@ -24,6 +24,16 @@ kernel! {
         reduce:      H = 128 x 2;
         cores:       R = 2;
     }
+
+    /// Prefill: tokens grouped by expert, each expert's rows dequantized a panel at a time
+    /// for the GEMM tiles.
+    pub my_grouped_experts = expert_ffn {
+        dims:    T = 2.., R, E, H = 256, F = 96;
+        dtypes:  q8_0, q4_0, q4_0_bf16;
+        targets: cpu;
+        select:  grouped E by R;
+        reduce:  H = 128 x 2;
+    }
 }
 
 fn main() {
@@ -33,5 +43,8 @@ fn main() {
     assert_eq!(my_wide_blocks::entry().ir().quant_block, 128);
     for dtype in [DType::Q8_0, DType::Q4_0Bf16] {
         moek_kernels::testing::check_spec(&my_wide_blocks::entry(), Target::Cpu, dtype);
+    }
+    for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_0Bf16] {
+        moek_kernels::testing::check_spec(&my_grouped_experts::entry(), Target::Cpu, dtype);
     }
 }

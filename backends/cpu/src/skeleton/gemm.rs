@@ -1,31 +1,37 @@
-//! The skeletons that multiply activations and weights as GEMM operands, of one element type:
-//! tokens grouped by expert, the persistent loop over experts, the dense MLP.
+//! The skeletons that multiply activations and weights as GEMM operands ([`Weight::gemm_nt`]):
+//! tokens grouped by expert, the persistent loop over experts, the dense MLP. Plain weights are
+//! multiplied beside activations of their own type, blocks beside either.
 
 use super::{Bank, Pair, Routes, add_gate_up_bias, blocks, combine_routes, with_pair};
-use crate::{Element, Grid, Scratch, SharedOut, clip, gemm_nt};
+use crate::{Element, Grid, Scratch, SharedOut, Weight, clip, values};
 use moek_ir::DimName::{F, H, T};
 use moek_ir::cpu::Tables;
 use moek_ir::reference::Shape;
 use rayon::prelude::*;
 use std::ops::Range;
 
+/// The weights from value `at` on (a block boundary).
+fn from<W: Element>(w: &[W], at: usize) -> &[W] {
+    values(w, at..w.len() * W::VALUES)
+}
+
 /// `n` token rows `xs [n, H]` in token order; `rows_of` maps a range of tokens to its rows.
-struct Rows<'a, W, M> {
-    xs: &'a [W],
+struct Rows<'a, A, M> {
+    xs: &'a [A],
     n: usize,
     rows_of: M,
 }
 
 /// GEMM gate/up phase: units T x F x H (the first phase's split), H in declared blocks, H parts
-/// completed in part order; returns the activation `[n, F]` in the weight dtype.
-fn gemm_gate_up<W: Element, M: Fn(Range<usize>) -> Range<usize> + Sync>(
+/// completed in part order; returns the activation `[n, F]` ([`Weight::Gated`]).
+fn gemm_gate_up<W: Weight, A: Element, M: Fn(Range<usize>) -> Range<usize> + Sync>(
     t: &Tables,
     s: &Shape,
-    rows: &Rows<'_, W, M>,
+    rows: &Rows<'_, A, M>,
     gate: &[W],
     up: &[W],
     pair: impl Pair,
-) -> Vec<W> {
+) -> Vec<W::Gated<A>> {
     let (t_n, f_n, h_n, n) = (s.t, s.f, s.h, rows.n);
     let p = t.cores[0];
     let ph = p.of_dim(H);
@@ -47,8 +53,8 @@ fn gemm_gate_up<W: Element, M: Fn(Range<usize>) -> Range<usize> + Sync>(
                 let mut c = vec![0f32; m.len() * fr.len()];
                 for &(s0, s1) in &segs {
                     let (fl, ml) = (fr.len(), m.len());
-                    let w = &mat[fr.start * h_n + s0..];
-                    gemm_nt(&xm[s0..], h_n, w, h_n, &mut c, fl, ml, fl, s1 - s0);
+                    let w = from(mat, fr.start * h_n + s0);
+                    W::gemm_nt(&xm[s0..], h_n, w, h_n, &mut c, fl, ml, fl, s1 - s0);
                 }
                 let at = (hp * n + m.start) * 2 * f_n + off + fr.start;
                 // SAFETY: this unit owns rows m, columns fr of its H part.
@@ -66,18 +72,18 @@ fn gemm_gate_up<W: Element, M: Fn(Range<usize>) -> Range<usize> + Sync>(
                 g += partials[b + j];
                 u += partials[b + f_n + j];
             }
-            W::from_f32(pair(g, u))
+            W::Gated::<A>::from_f32(pair(g, u))
         })
         .collect()
 }
 
 /// GEMM down phase: `y[fpart][row][H] = aw . down^T`, units T x H x F (the second phase's
 /// split), H in column blocks, F in declared blocks; returns `y` and its F parts.
-fn gemm_down<W: Element, M: Fn(Range<usize>) -> Range<usize> + Sync>(
+fn gemm_down<W: Weight, A: Element, M: Fn(Range<usize>) -> Range<usize> + Sync>(
     t: &Tables,
     s: &Shape,
-    rows: &Rows<'_, W, M>,
-    aw: &[W],
+    rows: &Rows<'_, A, M>,
+    aw: &[W::Gated<A>],
     down: &[W],
 ) -> (Vec<f32>, usize) {
     let (t_n, f_n, h_n, n) = (s.t, s.f, s.h, rows.n);
@@ -102,8 +108,8 @@ fn gemm_down<W: Element, M: Fn(Range<usize>) -> Range<usize> + Sync>(
                 let (cl, ml) = (c1 - c0, m.len());
                 let mut c = vec![0f32; ml * cl];
                 for &(s0, s1) in &segs {
-                    let w = &down[c0 * f_n + s0..];
-                    gemm_nt(&am[s0..], f_n, w, f_n, &mut c, cl, ml, cl, s1 - s0);
+                    let w = from(down, c0 * f_n + s0);
+                    W::gemm_nt(&am[s0..], f_n, w, f_n, &mut c, cl, ml, cl, s1 - s0);
                 }
                 // SAFETY: this unit owns rows m, columns c0..c1 of its F part.
                 unsafe { shared.write_tile((fp * n + m.start) * h_n + c0, h_n, &c, ml, cl) };
@@ -117,10 +123,10 @@ fn gemm_down<W: Element, M: Fn(Range<usize>) -> Range<usize> + Sync>(
 /// per trip; token groups own their accumulator rows. Routing is materialised densely (one
 /// weight per token and expert, 0 when unselected); a token whose weight is 0 adds exactly 0, so
 /// its rows are skipped (the loop still visits every expert).
-pub fn persistent_ffn<W: Element>(
+pub fn persistent_ffn<W: Weight, A: Element>(
     t: &Tables,
     s: &Shape,
-    x: &[W],
+    x: &[A],
     routes: Routes<'_>,
     bank: Bank<'_, W>,
     out: &mut [f32],
@@ -141,16 +147,16 @@ pub fn persistent_ffn<W: Element>(
             active.partition_point(|&tok| tok < tr.start)
                 ..active.partition_point(|&tok| tok < tr.end)
         };
-        let mut xs = Scratch::<W>::zeroed(n * h_n);
+        let mut xs = Scratch::<A>::zeroed(n * h_n);
         crate::gather_rows_into(&mut xs, x, h_n, active.iter().copied());
-        let bank_gu = &bank.gate_up[e * 2 * f_n * h_n..(e + 1) * 2 * f_n * h_n];
-        let bank_dn = &bank.down[e * h_n * f_n..(e + 1) * h_n * f_n];
+        let bank_gu = values(bank.gate_up, e * 2 * f_n * h_n..(e + 1) * 2 * f_n * h_n);
+        let bank_dn = values(bank.down, e * h_n * f_n..(e + 1) * h_n * f_n);
         let rows = Rows {
             xs: &xs,
             n,
             rows_of,
         };
-        let (gate, up) = bank_gu.split_at(f_n * h_n);
+        let (gate, up) = (values(bank_gu, 0..f_n * h_n), from(bank_gu, f_n * h_n));
         let aw = with_pair!(t.activation, |pair| gemm_gate_up(
             t, s, &rows, gate, up, pair
         ));
@@ -179,10 +185,10 @@ pub fn persistent_ffn<W: Element>(
 /// Tokens grouped by expert (data-dependent sizes): one GEMM pair per expert, experts as work
 /// units (H in declared blocks for gate/up; H in column blocks, F in declared blocks for down),
 /// then the K-axis combine in route order.
-pub fn grouped_ffn<W: Element>(
+pub fn grouped_ffn<W: Weight, A: Element>(
     t: &Tables,
     s: &Shape,
-    x: &[W],
+    x: &[A],
     routes: Routes<'_>,
     bank: Bank<'_, W>,
     out: &mut [f32],
@@ -192,10 +198,10 @@ pub fn grouped_ffn<W: Element>(
     ));
 }
 
-fn grouped_with<W: Element>(
+fn grouped_with<W: Weight, A: Element>(
     t: &Tables,
     s: &Shape,
-    x: &[W],
+    x: &[A],
     routes: Routes<'_>,
     bank: Bank<'_, W>,
     pair: impl Pair,
@@ -217,29 +223,29 @@ fn grouped_with<W: Element>(
             }
             let n = slots.len();
             // This worker's scratch, reused from one expert to the next.
-            let mut xs = Scratch::<W>::zeroed(n * h_n);
+            let mut xs = Scratch::<A>::zeroed(n * h_n);
             crate::gather_rows_into(&mut xs, x, h_n, slots.iter().map(|s| s / r_n));
-            let bank_gu = &bank.gate_up[e * 2 * f_n * h_n..(e + 1) * 2 * f_n * h_n];
-            let bank_dn = &bank.down[e * h_n * f_n..(e + 1) * h_n * f_n];
+            let bank_gu = values(bank.gate_up, e * 2 * f_n * h_n..(e + 1) * 2 * f_n * h_n);
+            let bank_dn = values(bank.down, e * h_n * f_n..(e + 1) * h_n * f_n);
             let mut gu = Scratch::<f32>::zeroed(n * 2 * f_n);
             for &(s0, s1) in h_blocks.iter() {
-                let (xs, w) = (&xs[s0..], &bank_gu[s0..]);
-                gemm_nt(xs, h_n, w, h_n, &mut gu, 2 * f_n, n, 2 * f_n, s1 - s0);
+                let (xs, w) = (&xs[s0..], from(bank_gu, s0));
+                W::gemm_nt(xs, h_n, w, h_n, &mut gu, 2 * f_n, n, 2 * f_n, s1 - s0);
             }
-            let mut aw = Scratch::<W>::zeroed(n * f_n);
+            let mut aw = Scratch::<W::Gated<A>>::zeroed(n * f_n);
             for (row, a) in aw.chunks_exact_mut(f_n).enumerate() {
                 let g = &gu[row * 2 * f_n..][..2 * f_n];
                 for (j, a) in a.iter_mut().enumerate() {
                     let (mut gj, mut uj) = (g[j], g[f_n + j]);
                     add_gate_up_bias(bias.gate_up, e, f_n, j, &mut gj, &mut uj);
-                    *a = W::from_f32(pair(gj, uj));
+                    *a = W::Gated::<A>::from_f32(pair(gj, uj));
                 }
             }
             let mut y = Scratch::<f32>::zeroed(n * h_n);
             for &(c0, c1) in h_cols.iter() {
                 for &(s0, s1) in f_blocks.iter() {
-                    let (a, w) = (&aw[s0..], &bank_dn[c0 * f_n + s0..]);
-                    gemm_nt(a, f_n, w, f_n, &mut y[c0..], h_n, n, c1 - c0, s1 - s0);
+                    let (a, w) = (&aw[s0..], from(bank_dn, c0 * f_n + s0));
+                    W::gemm_nt(a, f_n, w, f_n, &mut y[c0..], h_n, n, c1 - c0, s1 - s0);
                 }
             }
             if let Some(b) = bias.down {
@@ -259,10 +265,10 @@ fn grouped_with<W: Element>(
 
 /// The dense MLP: GEMM gate/up and down over all tokens, then the completed sum over the F parts
 /// in part order, each row scaled by `sigmoid(x[t] . output_gate)` if the MLP has that gate.
-pub fn dense_mlp<W: Element>(
+pub fn dense_mlp<W: Weight, A: Element>(
     t: &Tables,
     s: &Shape,
-    x: &[W],
+    x: &[A],
     [gate, up, down]: [&[W]; 3],
     output_gate: Option<&[W]>,
     out: &mut [f32],
@@ -286,8 +292,10 @@ pub fn dense_mlp<W: Element>(
         .enumerate()
         .for_each(|(tok, o)| {
             let scale = output_gate.map(|w| {
-                let z = crate::dot(&x[tok * h_n..(tok + 1) * h_n], w);
-                1.0 / (1.0 + (-z).exp())
+                let mut z = [0f32];
+                let xt = &x[tok * h_n..(tok + 1) * h_n];
+                W::matvec_segments(xt, w, h_n, 0..1, &[(0, h_n)], &mut z);
+                1.0 / (1.0 + (-z[0]).exp())
             });
             for (j, o) in o.iter_mut().enumerate() {
                 let mut v = 0f32;

@@ -57,7 +57,8 @@ impl Checker {
             return;
         };
         let lowered = match k.op {
-            Op::GateUp | Op::Down | Op::ExpertFfn => k.schedule.select == Selection::Gather,
+            Op::GateUp | Op::Down => k.schedule.select == Selection::Gather,
+            Op::ExpertFfn => matches!(k.schedule.select, Selection::Gather | Selection::Grouped),
             Op::LmHeadRow => true,
             Op::DenseMlp => false,
         };
@@ -69,7 +70,7 @@ impl Checker {
             self.errors.push(
                 span,
                 format!(
-                    "`{dtype}` weights are lowered for the matrix-vector products only (`gate_up`, `down`, `expert_ffn` with `select: gather`, and `lm_head_row`): {what} reads f16, bf16 or f32 weights"
+                    "`{dtype}` weights are lowered for `gate_up` and `down` with `select: gather`, `expert_ffn` with `select: gather` or `grouped`, and `lm_head_row`: {what} reads f16, bf16 or f32 weights"
                 ),
             );
         }

@@ -14,35 +14,25 @@ pub fn function(k: &Kernel) -> TokenStream {
     let doc = format!("The CPU variant of `{}`: {}", k.name, k.schedule_summary());
     let private = quote!(::moek_kernels::__private);
     let cpu = quote!(#private::cpu);
-    let (generics, inputs, run) = match reads_weights_apart(k) {
-        // Stored weights (plain or quantized blocks) and activations of their own type.
-        true => (
-            quote!(<W: #cpu::Weight, A: #cpu::Element>),
-            quote!(W, A),
-            quote!(run_gathered),
-        ),
-        // GEMM skeletons multiply activations and weights of one element type.
-        false => (quote!(<W: #cpu::Element>), quote!(W), quote!(run_gemm)),
+    // Stored weights (plain, or quantized blocks) beside activations: gathered products or
+    // GEMM skeletons, as the schedule says.
+    let run = match Skeleton::of(k).reads_weights_apart() {
+        true => quote!(run_gathered),
+        false => quote!(run_gemm),
     };
     quote! {
         /// This spec's schedule as the CPU skeletons read it.
         pub const TABLES: #private::ir::cpu::Tables<'static> = #tables;
 
         #[doc = #doc]
-        pub fn cpu #generics (
+        pub fn cpu<W: #cpu::Weight, A: #cpu::Element>(
             s: &#private::Shape,
-            inputs: &#private::Inputs<'_, #inputs>,
+            inputs: &#private::Inputs<'_, W, A>,
             out: &mut [f32],
         ) -> ::core::option::Option<u32> {
             #private::#run(&TABLES, s, inputs, out)
         }
     }
-}
-
-/// Whether `k`'s variant reads weights only through products, so it is generic over stored
-/// weights beside activations of their own type ([`Skeleton::reads_weights_apart`]).
-pub fn reads_weights_apart(k: &Kernel) -> bool {
-    Skeleton::of(k).reads_weights_apart()
 }
 
 /// `t` as a constant expression.

@@ -79,13 +79,10 @@ fn cpu_fns(k: &Kernel) -> TokenStream {
     if !k.targets.contains(&Target::Cpu) {
         return quote!(::moek_kernels::__private::CpuFns::NONE);
     }
-    let apart = cpu::reads_weights_apart(k);
-    let slot =
-        |d: moek_ir::DType, w: TokenStream, a: TokenStream| match (k.dtypes.contains(&d), apart) {
-            (false, _) => quote!(None),
-            (true, true) => quote!(Some(cpu::<#w, #a>)),
-            (true, false) => quote!(Some(cpu::<#w>)),
-        };
+    let slot = |d: moek_ir::DType, w: TokenStream, a: TokenStream| match k.dtypes.contains(&d) {
+        false => quote!(None),
+        true => quote!(Some(cpu::<#w, #a>)),
+    };
     let half = quote!(::moek_kernels::__private::half);
     let q = quote!(::moek_kernels::__private::ir::quant);
     let plain = |d, ty: TokenStream| slot(d, ty.clone(), ty);

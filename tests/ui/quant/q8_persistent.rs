@@ -3,9 +3,10 @@ use moek_kernels::kernel;
 kernel! {
     pub k = expert_ffn {
         dims:    T, R, E, H, F;
-        dtypes:  bf16, q8_0_bf16;
+        dtypes:  q8_0;
         targets: cpu;
-        select:  grouped E by R;
+        select:  dense E;
+        loop:    E persistent;
     }
 }
 
