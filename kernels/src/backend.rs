@@ -9,7 +9,7 @@ use crate::registry::KernelEntry;
 use moek_ir::Element;
 use moek_ir::reference::Shape;
 use moek_ir::tolerance::{Tolerance, tolerance, tolerance_dl16};
-use moek_ir::{Capability, DType, Target};
+use moek_ir::{Capability, DType, Kernel, Target};
 
 /// What a run gave besides its output.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -123,8 +123,9 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
     fn compiled(&self) -> bool;
     /// What it provides; a spec's `requires` is checked against this.
     fn capabilities(&self) -> Vec<Capability>;
-    /// The tolerance its results are held to against the f64 reference.
-    fn tolerance(&self, dtype: DType) -> Tolerance {
+    /// The tolerance `kernel`'s results in `dtype` are held to against the f64 reference.
+    fn tolerance(&self, kernel: &Kernel, dtype: DType) -> Tolerance {
+        let _ = kernel;
         tolerance(dtype)
     }
     /// Binds `inputs` and runs `entry`'s variant (with the weights `resident` keeps, if any),
@@ -170,6 +171,17 @@ impl Runtime for Cpu {
             Capability::IndexedSelectionLayout,
             Capability::ReadCopyElision,
         ]
+    }
+
+    /// The dtype's, except for quantized weights multiplied as GEMM operands (tokens grouped
+    /// by expert): those are dequantized exactly beside an activation that is never rounded to
+    /// 8 bits, so f32 accumulation is all that remains, held to f32's limits as on wgpu.
+    fn tolerance(&self, kernel: &Kernel, dtype: DType) -> Tolerance {
+        let gemm = !moek_ir::cpu::Skeleton::of(kernel).reads_weights_apart();
+        match dtype.is_quantized() && gemm {
+            true => tolerance(DType::F32),
+            false => tolerance(dtype),
+        }
     }
 
     fn run(
@@ -266,7 +278,7 @@ impl Runtime for Spyre {
         ]
     }
 
-    fn tolerance(&self, dtype: DType) -> Tolerance {
+    fn tolerance(&self, _: &Kernel, dtype: DType) -> Tolerance {
         tolerance_dl16(dtype)
     }
 
@@ -337,7 +349,7 @@ impl Runtime for Wgpu {
     /// Quantized weights are dequantized exactly and multiplied by f32 activations that are
     /// never rounded (no 8-bit activation as on the CPU): what remains is f32 accumulation, the
     /// f32 variants' tolerance.
-    fn tolerance(&self, dtype: DType) -> Tolerance {
+    fn tolerance(&self, _: &Kernel, dtype: DType) -> Tolerance {
         match dtype.is_quantized() {
             true => tolerance(DType::F32),
             false => tolerance(dtype),

@@ -314,12 +314,12 @@ pub(crate) mod avx512 {
     /// Accumulator chains per row: consecutive steps go to chains 0, 1, 2, 3 in turn, so a row
     /// read alone is not held to one multiply-add's latency per step (which is slower than the
     /// memory delivers it). The chains are added (0 + 1) + (2 + 3), then the lanes by a fixed tree.
-    const CHAINS: usize = 4;
+    pub(crate) const CHAINS: usize = 4;
 
     /// The chains of one row reduced to a number, in the fixed order of [`CHAINS`].
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn reduce_chains(c: [__m512; CHAINS]) -> f32 {
+    pub(crate) fn reduce_chains(c: [__m512; CHAINS]) -> f32 {
         _mm512_reduce_add_ps(_mm512_add_ps(
             _mm512_add_ps(c[0], c[1]),
             _mm512_add_ps(c[2], c[3]),

@@ -6,23 +6,10 @@
 //! step, and the scales of eight groups converted at once. Only the f32 additions' order
 //! differs from the AVX2 kernels' (fixed by the code: chains, then a fixed tree).
 
+use crate::dot::avx512::{CHAINS, reduce_chains};
 use crate::quant::QuantizedActivation;
 use moek_ir::quant::{BlockQ4, BlockQ8, GROUP};
 use std::arch::x86_64::*;
-
-/// Accumulator chains: consecutive steps go to chains 0, 1, 2, 3 in turn, so no one chain's
-/// multiply-add latency bounds the loop; added (0 + 1) + (2 + 3).
-const CHAINS: usize = 4;
-
-/// The chains reduced to a number, in the fixed order of [`CHAINS`].
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn reduce_chains(c: [__m512; CHAINS]) -> f32 {
-    _mm512_reduce_add_ps(_mm512_add_ps(
-        _mm512_add_ps(c[0], c[1]),
-        _mm512_add_ps(c[2], c[3]),
-    ))
-}
 
 /// The 8 lanes of `v` added by a fixed tree.
 #[inline]

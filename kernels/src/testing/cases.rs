@@ -166,7 +166,7 @@ pub(super) fn run_case<C: Drawn>(
                 shape: crate::inputs::describe(k.op, shape),
                 seed,
                 deviation,
-                tolerance: backend::runtime(target).tolerance(dtype),
+                tolerance: backend::runtime(target).tolerance(k, dtype),
                 seconds,
                 bytes,
                 flops,
