@@ -38,13 +38,8 @@ pub fn gemm_nt<W: Element>(
     if m == 0 || n == 0 {
         return;
     }
-    assert!(
-        k <= lda && k <= ldb && n <= ldc,
-        "gemm_nt: leading dims shorter than k or n"
-    );
-    assert!(a.len() >= (m - 1) * lda + k, "gemm_nt: a is too short");
-    assert!(b.len() >= (n - 1) * ldb + k, "gemm_nt: b is too short");
-    assert!(c.len() >= (m - 1) * ldc + n, "gemm_nt: c is too short");
+    let lens = [a.len(), b.len(), c.len()];
+    assert_shape("gemm_nt", lens, [lda, ldb, ldc], [m, n, k]);
     match isa() {
         _ if m < STREAM_ROWS => by_dots(a, lda, b, ldb, c, ldc, m, n, k),
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -65,6 +60,23 @@ pub fn gemm_nt<W: Element>(
         Isa::Avx2 => unsafe { crate::avx2::gemm::gemm(a, lda, b, ldb, c, ldc, m, n, k) },
         _ => by_dots(a, lda, b, ldb, c, ldc, m, n, k),
     }
+}
+
+/// Panics unless operands of `lens` values (`a`, `b`, `c`) hold a product of `m` rows of `a`
+/// by `n` rows of `b` over `k`, their rows `lds` values apart (`m` and `n` not zero).
+pub(crate) fn assert_shape(
+    what: &str,
+    [a, b, c]: [usize; 3],
+    [lda, ldb, ldc]: [usize; 3],
+    [m, n, k]: [usize; 3],
+) {
+    assert!(
+        k <= lda && k <= ldb && n <= ldc,
+        "{what}: leading dims shorter than k or n"
+    );
+    assert!(a >= (m - 1) * lda + k, "{what}: a is too short");
+    assert!(b >= (n - 1) * ldb + k, "{what}: b is too short");
+    assert!(c >= (m - 1) * ldc + n, "{what}: c is too short");
 }
 
 /// The tile a bf16 GEMM runs on the AVX-512 level (without AMX): f32 FMAs over operands

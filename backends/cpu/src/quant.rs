@@ -114,8 +114,8 @@ pub trait Weight: Element {
 
     /// `c[i*ldc + j] += sum_{p<k} a[i*lda + p] * b(j, p)` for `i < m`, `j < n`, row `j` of `b`
     /// starting `j * ldb` values in (`ldb` and `k` count values): the GEMM skeletons' product.
-    /// Plain weights are multiplied as [`crate::gemm_nt`] does, beside activations of their own
-    /// type; blocks as [`gemm_blocks`] does, beside either.
+    /// Blocks are multiplied as [`gemm_blocks`] does, beside either activation; plain weights
+    /// as [`crate::gemm_nt`] does, beside activations of their own type.
     #[allow(clippy::too_many_arguments)]
     fn gemm_nt<A: Element>(
         a: &[A],
@@ -127,7 +127,9 @@ pub trait Weight: Element {
         m: usize,
         n: usize,
         k: usize,
-    );
+    ) {
+        gemm_blocks(a, lda, b, ldb, c, ldc, m, n, k);
+    }
 
     /// [`Weight::matvec_row`] of `x` as it is (made ready for this one product).
     fn matvec_segments<A: Element>(
@@ -273,20 +275,6 @@ macro_rules! quantized_weight {
                 rows_q(x, mat, ld, rows, segs, out, $dots);
             }
 
-            fn gemm_nt<A: Element>(
-                a: &[A],
-                lda: usize,
-                b: &[$ty],
-                ldb: usize,
-                c: &mut [f32],
-                ldc: usize,
-                m: usize,
-                n: usize,
-                k: usize,
-            ) {
-                gemm_blocks(a, lda, b, ldb, c, ldc, m, n, k);
-            }
-
             fn matvec_segments<A: Element>(
                 x: &[A],
                 mat: &[$ty],
@@ -338,20 +326,6 @@ impl Weight for BlockMxfp4 {
         out: &mut [f32],
     ) {
         rows_mxfp4(x, mat, ld, rows, segs, out);
-    }
-
-    fn gemm_nt<A: Element>(
-        a: &[A],
-        lda: usize,
-        b: &[BlockMxfp4],
-        ldb: usize,
-        c: &mut [f32],
-        ldc: usize,
-        m: usize,
-        n: usize,
-        k: usize,
-    ) {
-        gemm_blocks(a, lda, b, ldb, c, ldc, m, n, k);
     }
 
     fn matvec_segments<A: Element>(
@@ -459,16 +433,8 @@ pub fn gemm_blocks<A: Element, Q: Element>(
         ldb.is_multiple_of(v) && k.is_multiple_of(v),
         "quantized rows of {ldb} values, a reduction of {k}: not whole blocks of {v}"
     );
-    assert!(
-        k <= lda && k <= ldb && n <= ldc,
-        "gemm_blocks: leading dims shorter than k or n"
-    );
-    assert!(a.len() >= (m - 1) * lda + k, "gemm_blocks: a is too short");
-    assert!(
-        b.len() * v >= (n - 1) * ldb + k,
-        "gemm_blocks: b is too short"
-    );
-    assert!(c.len() >= (m - 1) * ldc + n, "gemm_blocks: c is too short");
+    let lens = [a.len(), b.len() * v, c.len()];
+    crate::gemm::assert_shape("gemm_blocks", lens, [lda, ldb, ldc], [m, n, k]);
     match isa() {
         _ if m < crate::gemm::STREAM_ROWS => {}
         // SAFETY: the level's features were detected; the shapes were asserted above.

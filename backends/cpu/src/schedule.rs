@@ -142,15 +142,26 @@ pub fn matvec_row<A: Element, W: Weight>(
     W::matvec_row(x, mat, ld, rows, segs, out);
 }
 
-/// Values `range` of a weight tensor stored as `W`: the elements themselves, or the blocks that
-/// hold them (the range must fall on block boundaries).
-pub fn values<W: Element>(w: &[W], range: Range<usize>) -> &[W] {
+/// Values `range` of a weight tensor stored as `W` (`at..` runs to its end): the elements
+/// themselves, or the blocks that hold them (the range must fall on block boundaries).
+pub fn values<W: Element>(w: &[W], range: impl std::ops::RangeBounds<usize>) -> &[W] {
+    use std::ops::Bound::{Excluded, Included, Unbounded};
     let n = W::VALUES;
+    let start = match range.start_bound() {
+        Included(&s) => s,
+        Excluded(&s) => s + 1,
+        Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Included(&e) => e + 1,
+        Excluded(&e) => e,
+        Unbounded => w.len() * n,
+    };
     assert!(
-        range.start.is_multiple_of(n) && range.end.is_multiple_of(n),
-        "values {range:?} do not fall on blocks of {n}"
+        start.is_multiple_of(n) && end.is_multiple_of(n),
+        "values {start}..{end} do not fall on blocks of {n}"
     );
-    &w[range.start / n..range.end / n]
+    &w[start / n..end / n]
 }
 
 /// For each expert, the route slots `t * routes + r` that chose it, in slot order.

@@ -10,11 +10,6 @@ use moek_ir::reference::Shape;
 use rayon::prelude::*;
 use std::ops::Range;
 
-/// The weights from value `at` on (a block boundary).
-fn from<W: Element>(w: &[W], at: usize) -> &[W] {
-    values(w, at..w.len() * W::VALUES)
-}
-
 /// `n` token rows `xs [n, H]` in token order; `rows_of` maps a range of tokens to its rows.
 struct Rows<'a, A, M> {
     xs: &'a [A],
@@ -53,7 +48,7 @@ fn gemm_gate_up<W: Weight, A: Element, M: Fn(Range<usize>) -> Range<usize> + Syn
                 let mut c = vec![0f32; m.len() * fr.len()];
                 for &(s0, s1) in &segs {
                     let (fl, ml) = (fr.len(), m.len());
-                    let w = from(mat, fr.start * h_n + s0);
+                    let w = values(mat, fr.start * h_n + s0..);
                     W::gemm_nt(&xm[s0..], h_n, w, h_n, &mut c, fl, ml, fl, s1 - s0);
                 }
                 let at = (hp * n + m.start) * 2 * f_n + off + fr.start;
@@ -108,7 +103,7 @@ fn gemm_down<W: Weight, A: Element, M: Fn(Range<usize>) -> Range<usize> + Sync>(
                 let (cl, ml) = (c1 - c0, m.len());
                 let mut c = vec![0f32; ml * cl];
                 for &(s0, s1) in &segs {
-                    let w = from(down, c0 * f_n + s0);
+                    let w = values(down, c0 * f_n + s0..);
                     W::gemm_nt(&am[s0..], f_n, w, f_n, &mut c, cl, ml, cl, s1 - s0);
                 }
                 // SAFETY: this unit owns rows m, columns c0..c1 of its F part.
@@ -156,7 +151,7 @@ pub fn persistent_ffn<W: Weight, A: Element>(
             n,
             rows_of,
         };
-        let (gate, up) = (values(bank_gu, 0..f_n * h_n), from(bank_gu, f_n * h_n));
+        let (gate, up) = (values(bank_gu, 0..f_n * h_n), values(bank_gu, f_n * h_n..));
         let aw = with_pair!(t.activation, |pair| gemm_gate_up(
             t, s, &rows, gate, up, pair
         ));
@@ -229,7 +224,7 @@ fn grouped_with<W: Weight, A: Element>(
             let bank_dn = values(bank.down, e * h_n * f_n..(e + 1) * h_n * f_n);
             let mut gu = Scratch::<f32>::zeroed(n * 2 * f_n);
             for &(s0, s1) in h_blocks.iter() {
-                let (xs, w) = (&xs[s0..], from(bank_gu, s0));
+                let (xs, w) = (&xs[s0..], values(bank_gu, s0..));
                 W::gemm_nt(xs, h_n, w, h_n, &mut gu, 2 * f_n, n, 2 * f_n, s1 - s0);
             }
             let mut aw = Scratch::<W::Gated<A>>::zeroed(n * f_n);
@@ -244,7 +239,7 @@ fn grouped_with<W: Weight, A: Element>(
             let mut y = Scratch::<f32>::zeroed(n * h_n);
             for &(c0, c1) in h_cols.iter() {
                 for &(s0, s1) in f_blocks.iter() {
-                    let (a, w) = (&aw[s0..], from(bank_dn, c0 * f_n + s0));
+                    let (a, w) = (&aw[s0..], values(bank_dn, c0 * f_n + s0..));
                     W::gemm_nt(a, f_n, w, f_n, &mut y[c0..], h_n, n, c1 - c0, s1 - s0);
                 }
             }
