@@ -19,6 +19,10 @@ impl<W: Element> Drawn for Case<W> {
         &self.shape
     }
 
+    fn set_tokens(&mut self, t: usize, r: usize) {
+        (self.shape.t, self.shape.r) = (t, r);
+    }
+
     fn reseed_for(&mut self, k: &Kernel, seed: u64) {
         self.reseed(seed);
         self.optional = k.optional;

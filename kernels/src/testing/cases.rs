@@ -12,27 +12,9 @@ pub fn run_seeds(
     shape: &Shape,
     seeds: &[u64],
 ) -> Vec<Report> {
-    let ran = match dtype {
-        DType::F16 => run_drawn::<Case<f16>>(entry, target, dtype, shape, seeds),
-        DType::Bf16 => run_drawn::<Case<bf16>>(entry, target, dtype, shape, seeds),
-        DType::F32 => run_drawn::<Case<f32>>(entry, target, dtype, shape, seeds),
-        _ => crate::with_block!(dtype, entry.ir().quant_block, |Q| {
-            run_drawn::<QuantCase<Q>>(entry, target, dtype, shape, seeds)
-        }),
-    };
-    ran.unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// [`run_case`] on a case of `C` drawn from the first seed.
-pub(super) fn run_drawn<C: Drawn>(
-    entry: &KernelEntry,
-    target: Target,
-    dtype: DType,
-    shape: &Shape,
-    seeds: &[u64],
-) -> Result<Vec<Report>, String> {
-    let mut case = C::draw(entry.ir().op, *shape, seeds[0]);
-    run_case(entry, target, dtype, &mut case, seeds)
+    Cases::default()
+        .run_seeds(entry, target, dtype, shape, seeds)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Cases kept between runs, so that every backend and every spec of one op and shape run on
@@ -46,7 +28,8 @@ pub struct Cases {
     kept: Vec<(CaseKey, usize, Box<dyn std::any::Any>)>,
 }
 
-/// Op, shape, dtype and values per stored weight (a quantized case's block size), seed.
+/// Op, the shape's weight dims (tokens and routes zero), dtype and values per stored weight (a
+/// quantized case's block size), seed.
 type CaseKey = (Op, Shape, DType, usize, u64);
 
 impl std::fmt::Debug for Cases {
@@ -75,14 +58,28 @@ impl Cases {
         shape: &Shape,
         seed: u64,
     ) -> Result<Report, String> {
+        self.run_seeds(entry, target, dtype, shape, &[seed])
+            .map(|mut r| r.remove(0))
+    }
+
+    /// [`run_seeds`] on the kept case whose weights were drawn from `seeds[0]`, or a new one;
+    /// `Err` says why the backend could not run it.
+    pub fn run_seeds(
+        &mut self,
+        entry: &KernelEntry,
+        target: Target,
+        dtype: DType,
+        shape: &Shape,
+        seeds: &[u64],
+    ) -> Result<Vec<Report>, String> {
         match dtype {
-            DType::F16 => self.run_typed::<Case<f16>>(entry, target, dtype, shape, seed),
-            DType::Bf16 => self.run_typed::<Case<bf16>>(entry, target, dtype, shape, seed),
-            DType::F32 => self.run_typed::<Case<f32>>(entry, target, dtype, shape, seed),
+            DType::F16 => self.run_typed::<Case<f16>>(entry, target, dtype, shape, seeds),
+            DType::Bf16 => self.run_typed::<Case<bf16>>(entry, target, dtype, shape, seeds),
+            DType::F32 => self.run_typed::<Case<f32>>(entry, target, dtype, shape, seeds),
             // One case per block format and size: its f32 and bf16 activations hold the same
             // values.
             _ => crate::with_block!(dtype, entry.ir().quant_block, |Q| {
-                self.run_typed::<QuantCase<Q>>(entry, target, dtype, shape, seed)
+                self.run_typed::<QuantCase<Q>>(entry, target, dtype, shape, seeds)
             }),
         }
     }
@@ -93,10 +90,17 @@ impl Cases {
         target: Target,
         dtype: DType,
         shape: &Shape,
-        seed: u64,
-    ) -> Result<Report, String> {
+        seeds: &[u64],
+    ) -> Result<Vec<Report>, String> {
         let op = entry.ir().op;
-        let key = (op, *shape, C::DTYPE, C::VALUES, seed);
+        // Keyed by the dims weights span: one case serves every token count and route count.
+        let dims = Shape {
+            t: 0,
+            r: 0,
+            ..*shape
+        };
+        debug_assert_eq!(weight_values(op, &dims), weight_values(op, shape));
+        let key = (op, dims, C::DTYPE, C::VALUES, seeds[0]);
         let kept = match self.kept.iter().position(|(k, _, _)| *k == key) {
             Some(at) => self.kept.remove(at),
             None => {
@@ -109,7 +113,7 @@ impl Cases {
                 {
                     held -= b;
                 }
-                let case: Box<dyn std::any::Any> = Box::new(C::draw(op, *shape, seed));
+                let case: Box<dyn std::any::Any> = Box::new(C::draw(op, *shape, seeds[0]));
                 (key, bytes, case)
             }
         };
@@ -118,7 +122,8 @@ impl Cases {
             .2
             .downcast_mut::<C>()
             .expect("the key names the dtype");
-        run_case(entry, target, dtype, case, &[seed]).map(|mut r| r.remove(0))
+        case.set_tokens(shape.t, shape.r);
+        run_case(entry, target, dtype, case, seeds)
     }
 }
 
@@ -223,6 +228,9 @@ pub trait Drawn {
     /// Bytes a case of `op` at `s` holds in weights (what [`Cases`] budgets).
     fn weight_bytes(op: Op, s: &Shape) -> usize;
     fn shape(&self) -> &Shape;
+    /// Sets the tokens and routes the next [`Drawn::reseed_for`] draws activations and routes
+    /// for (the weights do not depend on them).
+    fn set_tokens(&mut self, t: usize, r: usize);
     /// Fresh activations and routes from `seed`, and the optional tensors `k` computes.
     fn reseed_for(&mut self, k: &Kernel, seed: u64);
     /// Runs `entry`'s `dtype` variant on these inputs (validated first).

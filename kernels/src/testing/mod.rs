@@ -29,7 +29,7 @@ mod shapes;
 pub use crate::geometry::{admits, shape_for};
 pub use case::*;
 pub use cases::*;
-pub use conformance::conformance;
+pub use conformance::{conformance, conformance_of};
 pub use draws::*;
 pub use quant_case::*;
 use rand::rngs::SmallRng;
@@ -55,6 +55,25 @@ pub const SAMPLE_ROWS: usize = 6;
 /// Runs `entry`'s variant on `target` for `dtype` on fresh seeds and panics, with the seed and the
 /// figures, if any run is outside the tolerance or leaves an element unwritten.
 pub fn check_spec(entry: &KernelEntry, target: Target, dtype: DType) {
+    check_spec_sharing(
+        &mut Cases::default(),
+        fresh_seeds(1)[0],
+        entry,
+        target,
+        dtype,
+    );
+}
+
+/// [`check_spec`] on cases kept in `cases`, their weights (and the first run's activations) drawn
+/// from `seed`: the specs of one op, shape and dtype then share weights (the conformance suite)
+/// instead of each drawing its own (a full-size expert bank is hundreds of millions of numbers).
+pub fn check_spec_sharing(
+    cases: &mut Cases,
+    seed: u64,
+    entry: &KernelEntry,
+    target: Target,
+    dtype: DType,
+) {
     let k = entry.ir();
     if cfg!(moek_unoptimised) {
         eprintln!(
@@ -78,8 +97,13 @@ pub fn check_spec(entry: &KernelEntry, target: Target, dtype: DType) {
             );
             cut
         });
-        let seeds = fresh_seeds(seeds_within_budget(k, &shape));
-        for report in run_seeds(entry, target, dtype, &shape, &seeds) {
+        let seeds: Vec<u64> = std::iter::once(seed)
+            .chain(fresh_seeds(seeds_within_budget(k, &shape) - 1))
+            .collect();
+        let reports = cases
+            .run_seeds(entry, target, dtype, &shape, &seeds)
+            .unwrap_or_else(|e| panic!("{e}"));
+        for report in reports {
             assert!(
                 report.passed(),
                 "{report}\nreproduce with seed {}",

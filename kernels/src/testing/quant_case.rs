@@ -137,6 +137,11 @@ impl<Q: Element> Drawn for QuantCase<Q> {
         &self.exact.shape
     }
 
+    fn set_tokens(&mut self, t: usize, r: usize) {
+        self.drawn.set_tokens(t, r);
+        self.exact.set_tokens(t, r);
+    }
+
     fn reseed_for(&mut self, k: &Kernel, seed: u64) {
         (self.drawn.optional, self.exact.optional) = (k.optional, k.optional);
         self.drawn.reseed(seed);
