@@ -87,6 +87,16 @@ pub struct Stage {
     /// The per-core LX plan (the same on every core).
     pub buffers: Vec<Buffer>,
     pub body: Vec<Instr>,
+    /// Bytes of selected expert weights the device's compiler copies before this phase reads
+    /// them: a selection of a whole (unblocked) bank matrix is materialized, a blocked one is
+    /// read in place (docs/spyre-program.md, "Selected-weight copies"). The program's own reads
+    /// are by route, of the same values; the copy is charged its bytes, read and written once.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub selected_copy: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// An LX buffer of one core: `bytes` at `addr`, live from op `live.0` to op `live.1` (inclusive,

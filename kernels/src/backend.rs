@@ -93,6 +93,9 @@ pub struct Modeled {
     /// Bytes between device memory and LX, and over the ring.
     pub dev_bytes: u64,
     pub ring_bytes: u64,
+    /// Of `dev_bytes`, the selected-weight copies' (the device compiler's, where a gathered bank
+    /// is not blocked).
+    pub copy_bytes: u64,
     pub lx_peak: usize,
 }
 
@@ -109,6 +112,7 @@ impl Modeled {
             dominant,
             dev_bytes: c.dev_bytes,
             ring_bytes: c.ring_bytes,
+            copy_bytes: c.copy_bytes,
             lx_peak: c.lx_peak,
         }
     }

@@ -227,6 +227,7 @@ fn a_view_wider_than_256_mb() {
             region: region(rows),
             to: "b".into(),
         }],
+        selected_copy: 0,
     };
     let program = |rows| Program {
         kernel: "k".into(),

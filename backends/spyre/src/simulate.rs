@@ -135,6 +135,8 @@ pub struct Counters {
 pub struct PhaseCounters {
     pub phase: String,
     pub cores: Vec<Counters>,
+    /// The phase's selected-weight copy (`Stage::selected_copy`), made before its cores run.
+    pub selected_copy: u64,
 }
 
 #[derive(Debug, Error, PartialEq)]
@@ -280,6 +282,7 @@ impl<'a> Run<'a> {
         Ok(PhaseCounters {
             phase: self.ph.name.clone(),
             cores: self.cores.into_iter().map(|c| c.counters).collect(),
+            selected_copy: self.ph.selected_copy,
         })
     }
 

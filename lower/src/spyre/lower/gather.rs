@@ -147,7 +147,10 @@ pub(super) fn gate_up(k: &Kernel, s: &Sizes, phase: Phase, out: &str) -> Result<
             }
         }
     }
-    plan.finish("gate_up", div, body)
+    let mut stage = plan.finish("gate_up", div, body)?;
+    let blocked = k.reduce_blocks(DimName::H).is_some() || k.column_blocks(DimName::F).is_some();
+    stage.selected_copy = selected_copy(s, 2, blocked);
+    Ok(stage)
 }
 
 /// Down over gathered routes with the K-axis combine: per route, per column tile (column blocks in
@@ -311,5 +314,19 @@ pub(super) fn down(k: &Kernel, s: &Sizes, phase: Phase, act: &str) -> Result<Sta
         region,
         owner: owner(&div, &["R", "F"]),
     });
-    plan.finish("down", div, body)
+    let mut stage = plan.finish("down", div, body)?;
+    let blocked = k.reduce_blocks(DimName::F).is_some() || k.column_blocks(DimName::H).is_some();
+    stage.selected_copy = selected_copy(s, 1, blocked);
+    Ok(stage)
+}
+
+/// Bytes the device's compiler copies for a gathered phase reading `banks` expert banks: every
+/// selected entry's whole matrix (the selected-entry dim outermost), unless the phase's matrices
+/// are blocked, whose blocks of the unchanged bank are read by route in place.
+fn selected_copy(s: &Sizes, banks: usize, blocked: bool) -> u64 {
+    if blocked {
+        0
+    } else {
+        (banks * s.t * s.r * s.h * s.f * DL16) as u64
+    }
 }

@@ -186,6 +186,7 @@ impl Plan {
             divisions: div.divisions,
             buffers: self.buffers,
             body,
+            selected_copy: 0,
         })
     }
 }
