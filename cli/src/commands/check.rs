@@ -24,6 +24,8 @@ pub fn run(
     full: bool,
 ) -> Result<ExitCode, CommandError> {
     let started = Instant::now();
+    // Its cases are gigabytes drawn and dropped one after another.
+    moek_cpu::memory::retain_freed_memory();
     for backend in require {
         match backend.as_str() {
             "cpu" if cfg!(feature = "cpu") => {}
@@ -72,9 +74,10 @@ pub fn run(
     let mut cases = Cases::default();
     let mut not_run = 0;
     // Rows that read the same random case run one after another, so each case (a few GB at
-    // these sizes; `Cases` keeps two or three) is drawn once: by op, the size it runs at and
-    // the weights' storage (a block format's f32 and bf16 activations share one case), then
-    // spec declaration order.
+    // these sizes; `Cases` keeps two or three) is drawn once: by op, the weights' dims (a case
+    // serves every token count, so decode and prefill rows share one) and their storage (a
+    // block format's f32 and bf16 activations share a case), then tokens and routes, then spec
+    // declaration order.
     let mut rows = vec![];
     for entry in registry
         .entries()
@@ -97,7 +100,8 @@ pub fn run(
             Some(format) => (1, format as u8, entry.ir().quant_block),
             None => (0, dtype as u8, 1),
         };
-        (entry.ir().op as u8, [s.t, s.r, s.e, s.h, s.f, s.v], weights)
+        // Weight dims before token counts: decode and prefill rows share a bank.
+        (entry.ir().op as u8, [s.e, s.h, s.f, s.v], weights, s.t, s.r)
     });
     for (entry, backend, dtype, full_shape, cut) in rows {
         let k = entry.ir();
