@@ -41,8 +41,8 @@ pub fn huge_capacity<T>(len: usize) -> Vec<T> {
 /// A virtual machine whose balloon reports free pages to its host loses what a process hands
 /// back, and touching fresh memory then traps to the host page by page: on such a machine
 /// `moek check` spent 347 s of system time (377 s in all) handing back and refaulting its cases,
-/// and 67 s (214 s) keeping them. The price: the resident set keeps its high-water mark (peak
-/// 9.7 -> 11.9 GB there). Elsewhere than glibc, nothing.
+/// and 67-134 s (214-246 s) keeping them. The price: the resident set keeps its high-water mark
+/// (peak 9.7 -> 11.9-15.9 GB there). Elsewhere than glibc, nothing.
 pub fn retain_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes the allocator's thresholds; -1 turns trimming off (mallopt(3)).

@@ -100,7 +100,6 @@ pub fn run(
             Some(format) => (1, format as u8, entry.ir().quant_block),
             None => (0, dtype as u8, 1),
         };
-        // Weight dims before token counts: decode and prefill rows share a bank.
         (entry.ir().op as u8, [s.e, s.h, s.f, s.v], weights, s.t, s.r)
     });
     for (entry, backend, dtype, full_shape, cut) in rows {
