@@ -30,6 +30,16 @@ impl Isa {
         }
     }
 
+    /// The `MOEK_CPU_ISA` value that forces this level.
+    pub fn switch(self) -> &'static str {
+        match self {
+            Isa::Amx => "amx",
+            Isa::Avx512Bf16 => "avx512",
+            Isa::Avx2 => "avx2",
+            Isa::Portable => "portable",
+        }
+    }
+
     /// Peak f32-accumulated multiply-adds per cycle per core on bf16 GEMMs, for reports: the
     /// instruction the bf16 GEMM runs on this level ([`crate::gemm::bf16_tile`] on AVX-512).
     pub fn gemm_macs_per_cycle(self) -> f64 {
@@ -108,20 +118,23 @@ pub fn isa() -> Isa {
                 );
                 Isa::Amx
             }
-            "" | "auto" => {
-                if has_avx512_bf16() && crate::amx::enable() {
-                    Isa::Amx
-                } else if has_avx512_bf16() {
-                    Isa::Avx512Bf16
-                } else if has_avx2() {
-                    Isa::Avx2
-                } else {
-                    Isa::Portable
-                }
-            }
+            "" | "auto" => best(),
             other => panic!("MOEK_CPU_ISA={other:?} is not one of: auto, amx, avx512, avx2, portable"),
         }
     })
+}
+
+/// The best level this CPU (and OS) gives: what `MOEK_CPU_ISA` unset or `auto` picks.
+pub fn best() -> Isa {
+    if has_avx512_bf16() && crate::amx::enable() {
+        Isa::Amx
+    } else if has_avx512_bf16() {
+        Isa::Avx512Bf16
+    } else if has_avx2() {
+        Isa::Avx2
+    } else {
+        Isa::Portable
+    }
 }
 
 /// Whether this CPU has everything the AVX-512 path uses.
