@@ -47,6 +47,9 @@ enum Command {
         /// Only specs whose name contains this.
         #[arg(long)]
         filter: Option<String>,
+        /// Only these backends (default: every one this build has).
+        #[arg(long, value_enum, value_delimiter = ',')]
+        backend: Vec<commands::BackendArg>,
         /// Every row at full size, wgpu on a CPU driver included (minutes).
         #[arg(long)]
         full: bool,
@@ -84,8 +87,15 @@ fn main() -> ExitCode {
         Command::Check {
             require,
             filter,
+            backend,
             full,
-        } => commands::check::run(&Registry::builtin(), &require, filter.as_deref(), full),
+        } => commands::check::run(
+            &Registry::builtin(),
+            &require,
+            &backend,
+            filter.as_deref(),
+            full,
+        ),
         Command::Bench(args) => commands::bench::run(&args),
         Command::Tune(args) => commands::tune::run(&Registry::builtin(), &args),
         Command::Quantize(args) => commands::quantize::run(&args),

@@ -146,7 +146,7 @@ fn moek_without_adapter(args: &[&str]) -> (bool, String, String) {
 
 #[test]
 fn without_an_adapter_check_says_so_and_goes_on_unless_wgpu_is_required() {
-    let (ok, out, err) = moek_without_adapter(&["check", "--filter", "general_lm_head_row"]);
+    let (ok, out, err) = moek_without_adapter(&["check", "--filter", "dense_mlp_26b"]);
     assert!(ok, "{out}{err}");
     assert!(out.contains("wgpu: no adapter"), "{out}");
     assert!(out.contains("apt-get install mesa-vulkan-drivers"), "{out}");
@@ -160,13 +160,8 @@ fn without_an_adapter_check_says_so_and_goes_on_unless_wgpu_is_required() {
             .any(|l| l.contains("[cpu]") && l.ends_with("yes")),
         "{out}"
     );
-    let (ok, _, err) = moek_without_adapter(&[
-        "check",
-        "--require",
-        "wgpu",
-        "--filter",
-        "general_lm_head_row",
-    ]);
+    let (ok, _, err) =
+        moek_without_adapter(&["check", "--require", "wgpu", "--filter", "dense_mlp_26b"]);
     assert!(!ok);
     assert!(
         err.contains("backend `wgpu` is required but no wgpu adapter"),
@@ -191,14 +186,21 @@ fn check_runs_the_wgpu_column_with_the_adapter_name() {
 
 #[test]
 fn check_names_what_a_cpu_driver_ran_and_prints_its_wall_time() {
+    // The wgpu rows alone: the CPU rows would draw the whole 262144-row head in every dtype.
     let (ok, out, err) = moek(&[
         "check",
         "--require",
+        "wgpu",
+        "--backend",
         "wgpu",
         "--filter",
         "general_lm_head_row",
     ]);
     assert!(ok, "{out}{err}");
+    assert!(
+        !out.contains(" [cpu] ") && !out.contains(" [spyre] "),
+        "{out}"
+    );
     let cut = "run at T=1 H=2816 V=32768, not the spec's T=1 H=2816 V=262144";
     // A row per dtype of the plain head and the quantized one on wgpu.
     let wgpu_rows = out.lines().filter(|l| l.contains(" [wgpu] ")).count();
@@ -569,6 +571,11 @@ fn bad_arguments_are_refused_by_name_with_nothing_on_stdout() {
     };
     let own = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let cases: Vec<BadCase> = vec![
+        (
+            own(&["check", "--backend", "cpu,tpu"]),
+            &[],
+            "invalid value 'tpu' for '--backend",
+        ),
         (
             generate(&["--tokens", "999999"]),
             &[],

@@ -1,5 +1,5 @@
 //! `moek check`: every spec's variants at their real size (26B-A4B sizes for free dims) against the
-//! f64 reference, on every backend this build has, with the variant dispatch would choose for that
+//! f64 reference, on every backend this build has (or those `--backend` names), with the variant dispatch would choose for that
 //! problem, the time and the rate (for Spyre: the simulator's time, and the cost model's time, LX
 //! peak and bytes moved). Then the built-in tiny Gemma-4 MoE through every backend, greedy tokens
 //! compared. Exits non-zero when any variant is outside its tolerance or the backends disagree.
@@ -9,7 +9,7 @@
 //! smaller sizes (16-expert banks, 32-token prefill, a 32768-row head:
 //! `testing::cpu_driver_shape`) and say so; `--full` runs every row at the spec's size.
 
-use super::CommandError;
+use super::{BackendArg, CommandError};
 use moek_kernels::dispatch::{self, Backend};
 use moek_kernels::geometry;
 use moek_kernels::ir::Target;
@@ -20,6 +20,7 @@ use std::time::Instant;
 pub fn run(
     registry: &moek_kernels::Registry,
     require: &[String],
+    only: &[BackendArg],
     filter: Option<&str>,
     full: bool,
 ) -> Result<ExitCode, CommandError> {
@@ -44,9 +45,19 @@ pub fn run(
             other => return Err(required(other, "it is not part of this build yet")),
         }
     }
+    for &named in only {
+        if !named.backend().compiled() {
+            return Err(required(
+                named.target().name(),
+                &format!("this build has no `{}` feature", named.target()),
+            ));
+        }
+    }
     let backends: Vec<Backend> = [Backend::cpu(), Backend::wgpu(), Backend::spyre()]
         .into_iter()
-        .filter(Backend::compiled)
+        .filter(|b| {
+            b.compiled() && (only.is_empty() || only.iter().any(|n| n.target() == b.target))
+        })
         .collect();
     // Without an adapter the wgpu rows say so and the other backends still run.
     let adapter = wgpu_adapter();
