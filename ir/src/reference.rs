@@ -53,13 +53,31 @@ fn real<T: Element>(x: T) -> f64 {
     f64::from(x.to_f32())
 }
 
+/// The exact values of a weight row stored as `w`, plain or in blocks.
+fn values<W: Element>(w: &[W]) -> impl Iterator<Item = f64> + '_ {
+    w.iter()
+        .flat_map(|e| (0..W::VALUES).map(move |i| f64::from(e.value(i))))
+}
+
+/// Values `start..start + len` of a weight tensor stored as `w`: whole elements, since a block
+/// never straddles a row.
+fn span<W: Element>(w: &[W], start: usize, len: usize) -> &[W] {
+    assert!(
+        start.is_multiple_of(W::VALUES) && len.is_multiple_of(W::VALUES),
+        "a row of {len} values at {start} is not whole blocks of {}",
+        W::VALUES
+    );
+    &w[start / W::VALUES..(start + len) / W::VALUES]
+}
+
+/// `a . b` for a plain activation row `a` and a weight row `b` (plain or blocks).
 fn dot<A: Element, B: Element>(a: &[A], b: &[B]) -> f64 {
-    a.iter().zip(b).map(|(&x, &y)| real(x) * real(y)).sum()
+    a.iter().zip(values(b)).map(|(&x, y)| real(x) * y).sum()
 }
 
 /// `a . b` for an f64 row `a` (the reference's own intermediates).
 fn dot_f64<B: Element>(a: &[f64], b: &[B]) -> f64 {
-    a.iter().zip(b).map(|(&x, &y)| x * real(y)).sum()
+    a.iter().zip(values(b)).map(|(&x, y)| x * y).sum()
 }
 
 /// Sizes of the problem a kernel runs on (dims an op lacks are 0 or 1).
@@ -98,21 +116,22 @@ pub struct Biases<'a> {
 }
 
 /// `gated(x . Wg[e] + bg[e], x . Wu[e] + bu[e])` for one token; `gate_up` is `[E, 2F, H]`, gate
-/// rows first; the bias, if any, `[E, 2F]`.
-pub fn expert_gate_up<W: Element>(
+/// rows first; the bias, if any, `[E, 2F]`. Here and below, activations are plain values and
+/// weights plain or in blocks (read at their exact values).
+pub fn expert_gate_up<A: Element, W: Element>(
     s: &Shape,
     act: Activation,
-    x: &[W],
+    x: &[A],
     gate_up: &[W],
     bias: Option<&[f32]>,
     e: usize,
 ) -> Vec<f64> {
-    let bank = &gate_up[e * 2 * s.f * s.h..(e + 1) * 2 * s.f * s.h];
+    let row = |j: usize| span(gate_up, (e * 2 * s.f + j) * s.h, s.h);
     let b = |j: usize| bias.map_or(0.0, |b| f64::from(b[e * 2 * s.f + j]));
     (0..s.f)
         .map(|j| {
-            let g = dot(x, &bank[j * s.h..(j + 1) * s.h]) + b(j);
-            let u = dot(x, &bank[(s.f + j) * s.h..(s.f + j + 1) * s.h]) + b(s.f + j);
+            let g = dot(x, row(j)) + b(j);
+            let u = dot(x, row(s.f + j)) + b(s.f + j);
             gated(act, g, u)
         })
         .collect()
@@ -126,20 +145,19 @@ pub fn expert_down<W: Element>(
     bias: Option<&[f32]>,
     e: usize,
 ) -> Vec<f64> {
-    let bank = &down[e * s.h * s.f..(e + 1) * s.h * s.f];
     (0..s.h)
         .map(|i| {
-            dot_f64(a, &bank[i * s.f..(i + 1) * s.f])
+            dot_f64(a, span(down, (e * s.h + i) * s.f, s.f))
                 + bias.map_or(0.0, |b| f64::from(b[e * s.h + i]))
         })
         .collect()
 }
 
 /// The `gate_up` op for token `t`: `[R, F]` activations of its routes.
-pub fn gate_up<W: Element>(
+pub fn gate_up<A: Element, W: Element>(
     s: &Shape,
     act: Activation,
-    x: &[W],
+    x: &[A],
     idx: &[u32],
     gate_up: &[W],
     t: usize,
@@ -173,10 +191,10 @@ pub fn down<W: Element>(
 }
 
 /// The routed expert FFN for token `t`, `[H]`, with the experts' biases if any.
-pub fn expert_ffn<W: Element>(
+pub fn expert_ffn<A: Element, W: Element>(
     s: &Shape,
     act: Activation,
-    x: &[W],
+    x: &[A],
     idx: &[u32],
     weights: &[f32],
     gate_up: &[W],
@@ -198,10 +216,10 @@ pub fn expert_ffn<W: Element>(
 
 /// The dense MLP for token `t`: `gate`/`up` are `[F, H]`, `down` is `[H, F]`; scaled by
 /// `sigmoid(x . output_gate)` when it has an output gate (`[H]`).
-pub fn dense_mlp<W: Element>(
+pub fn dense_mlp<A: Element, W: Element>(
     s: &Shape,
     act: Activation,
-    x: &[W],
+    x: &[A],
     gate: &[W],
     up: &[W],
     down: &[W],
@@ -212,12 +230,12 @@ pub fn dense_mlp<W: Element>(
     let scale = output_gate.map_or(1.0, |g| sigmoid(dot(xt, g)));
     let a: Vec<f64> = (0..s.f)
         .map(|j| {
-            let g = dot(xt, &gate[j * s.h..(j + 1) * s.h]);
-            gated(act, g, dot(xt, &up[j * s.h..(j + 1) * s.h]))
+            let g = dot(xt, span(gate, j * s.h, s.h));
+            gated(act, g, dot(xt, span(up, j * s.h, s.h)))
         })
         .collect();
     (0..s.h)
-        .map(|i| scale * dot_f64(&a, &down[i * s.f..(i + 1) * s.f]))
+        .map(|i| scale * dot_f64(&a, span(down, i * s.f, s.f)))
         .collect()
 }
 
@@ -234,9 +252,9 @@ pub fn argmax(logits: &[f32]) -> u32 {
 
 /// LM head logits of the final row, for the vocabulary rows `rows`: `softcap(h[T-1] . emb[v])`,
 /// or the plain products without a cap.
-pub fn lm_head_row<W: Element>(
+pub fn lm_head_row<A: Element, W: Element>(
     s: &Shape,
-    hidden: &[W],
+    hidden: &[A],
     emb: &[W],
     cap: Option<f64>,
     rows: &[usize],
@@ -244,7 +262,7 @@ pub fn lm_head_row<W: Element>(
     let last = &hidden[(s.t - 1) * s.h..s.t * s.h];
     rows.iter()
         .map(|&v| {
-            let x = dot(last, &emb[v * s.h..(v + 1) * s.h]);
+            let x = dot(last, span(emb, v * s.h, s.h));
             cap.map_or(x, |cap| softcap(x, cap))
         })
         .collect()

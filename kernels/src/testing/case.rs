@@ -148,9 +148,17 @@ impl<W: Element> Case<W> {
         (self.idx, self.weights) = routes(s.t, s.r, s.e, seed ^ 9);
     }
 
-    /// The biases the inputs carry.
+    /// The biases the inputs carry (the case's own: a quantized case's f32 half holds biases but
+    /// no weights).
     pub fn biases(&self) -> Biases<'_> {
-        self.inputs().biases()
+        let bias = |o| {
+            let i = f32_weight_defs(self.op).position(|t| t.when == Some(o))?;
+            self.optional.has(o).then(|| self.f32_params[i].as_slice())
+        };
+        Biases {
+            gate_up: bias(Optional::GateUpBias),
+            down: bias(Optional::DownBias),
+        }
     }
 
     /// The inputs, bound by the op table from the case's tensors.
@@ -172,7 +180,19 @@ impl<W: Element> Case<W> {
     /// The reference for output row `row` (a token; for the LM head, a vocabulary row) of a spec
     /// with activation `act` (cases are shared by every spec of one op and shape).
     pub fn reference_row(&self, act: Activation, row: usize) -> Vec<f64> {
-        let (s, p) = (&self.shape, |name| self.param(name));
+        self.reference_row_on(&self.params, act, row)
+    }
+
+    /// [`Case::reference_row`] with `params` (the op's weight tensors in table order, plain or
+    /// in blocks, read at their exact values) in place of the case's own weights.
+    pub fn reference_row_on<P: Element>(
+        &self,
+        params: &[Vec<P>],
+        act: Activation,
+        row: usize,
+    ) -> Vec<f64> {
+        let s = &self.shape;
+        let p = |name| params[param_index(self.op, name)].as_slice();
         match self.op {
             Op::GateUp => reference::gate_up(s, act, &self.x, &self.idx, p("gate_up"), row),
             Op::Down => reference::down(s, &self.act, &self.idx, &self.weights, p("down"), row),
@@ -188,7 +208,10 @@ impl<W: Element> Case<W> {
                 row,
             ),
             Op::DenseMlp => {
-                let gate = self.inputs().optional_weight(Optional::OutputGate);
+                let gate = self
+                    .optional
+                    .has(Optional::OutputGate)
+                    .then(|| p(Optional::OutputGate.name()));
                 reference::dense_mlp(s, act, &self.x, p("gate"), p("up"), p("down"), gate, row)
             }
             Op::LmHeadRow => {
@@ -216,6 +239,18 @@ impl<W: Element> Case<W> {
         argmax: Option<u32>,
         seed: u64,
     ) -> (Deviation, bool) {
+        self.compare_on(&self.params, act, out, argmax, seed)
+    }
+
+    /// [`Case::compare`] against the reference on `params` ([`Case::reference_row_on`]).
+    pub fn compare_on<P: Element>(
+        &self,
+        params: &[Vec<P>],
+        act: Activation,
+        out: &[f32],
+        argmax: Option<u32>,
+        seed: u64,
+    ) -> (Deviation, bool) {
         let (rows, width) = self.rows();
         let sample = sample_rows(
             rows,
@@ -229,7 +264,7 @@ impl<W: Element> Case<W> {
         );
         let want: Vec<Vec<f64>> = sample
             .par_iter()
-            .map(|&r| self.reference_row(act, r))
+            .map(|&r| self.reference_row_on(params, act, r))
             .collect();
         let got: Vec<f32> = sample
             .iter()

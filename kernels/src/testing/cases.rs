@@ -41,8 +41,8 @@ impl std::fmt::Debug for Cases {
 }
 
 impl Cases {
-    /// Weight bytes the kept cases may hold together: two 26B-A4B expert banks in Q8_0 with
-    /// their f32 copies (3.8 GB each). The newest case is kept whatever its size. A process
+    /// Weight bytes the kept cases may hold together: two 26B-A4B expert banks in f32 (3 GB
+    /// each), or a bank in every plain dtype. The newest case is kept whatever its size. A process
     /// peaks near this plus one case's drawing, so several `moek check` runs (the CLI tests run
     /// them side by side) stay within a 24 GB machine.
     pub const BUDGET: usize = 8_000_000_000;

@@ -1,13 +1,15 @@
 //! A case with weights in quantized blocks: drawn in bf16, quantized, and held to the reference
-//! on the blocks' exact values, the format's own error reported beside it.
+//! on the blocks' exact values (read from the blocks: no dequantized copy), the format's own
+//! error reported beside it.
 
 use super::*;
 
 /// A case for weights quantized to blocks of `Q`: drawn in bf16 (`drawn`: its activations and
 /// routes; its weights are dropped once the format's error is measured), its weights quantized
-/// (`blocks`), and the same case with the blocks' exact values as f32 weights (`exact`, what the
-/// reference reads; activations widened from `drawn`'s, routes shared). A variant beside bf16
-/// activations reads `drawn`'s, one beside f32 activations `exact`'s: the same values.
+/// (`blocks`, what the reference reads, at their exact values), and the same case's activations
+/// in f32 (`exact`: widened from `drawn`'s, routes shared; it holds no weights). A variant
+/// beside bf16 activations reads `drawn`'s, one beside f32 activations `exact`'s: the same
+/// values.
 #[derive(Debug)]
 pub struct QuantCase<Q> {
     pub drawn: Case<bf16>,
@@ -37,10 +39,7 @@ impl<Q: Element> QuantCase<Q> {
             idx: vec![],
             weights: vec![],
             act: vec![],
-            params: blocks
-                .iter()
-                .map(|b| crate::blocks::dequantize(b))
-                .collect(),
+            params: vec![],
             f32_params: drawn.f32_params.clone(),
             softcap: drawn.softcap,
             optional: Optionals::NONE,
@@ -52,8 +51,8 @@ impl<Q: Element> QuantCase<Q> {
             format_error: Deviation::measure(&[], &[]),
         };
         case.share_activations();
-        // Measured once, then the bf16 weights go: a full-size case holds the f32 copy and the
-        // blocks only (3.8 GB for a 26B-A4B expert bank in Q8_0, not 5.3).
+        // Measured once, then the bf16 weights go: a full-size case holds the blocks only (0.8
+        // GB for a 26B-A4B expert bank in Q8_0, where the bf16 weights were 1.5).
         case.format_error = case.format_error(Activation::default(), seed);
         case.drawn.params.iter_mut().for_each(|p| *p = Vec::new());
         case
@@ -68,7 +67,7 @@ impl<Q: Element> QuantCase<Q> {
             .par_iter()
             .map(|&r| {
                 (
-                    self.exact.reference_row(act, r),
+                    self.exact.reference_row_on(&self.blocks, act, r),
                     self.drawn.reference_row(act, r),
                 )
             })
@@ -127,10 +126,9 @@ impl<Q: Element> Drawn for QuantCase<Q> {
         QuantCase::new(op, s, seed)
     }
 
-    /// The blocks and their f32 copy (the bf16 weights they were made from are dropped).
+    /// The blocks (the bf16 weights they were made from are dropped).
     fn weight_bytes(op: Op, s: &Shape) -> usize {
-        let values = weight_values(op, s);
-        values * 4 + values / Q::VALUES * std::mem::size_of::<Q>()
+        weight_values(op, s) / Q::VALUES * std::mem::size_of::<Q>()
     }
 
     fn shape(&self) -> &Shape {
@@ -175,7 +173,7 @@ impl<Q: Element> Drawn for QuantCase<Q> {
         argmax: Option<u32>,
         seed: u64,
     ) -> (Deviation, bool) {
-        self.exact.compare(act, out, argmax, seed)
+        self.exact.compare_on(&self.blocks, act, out, argmax, seed)
     }
 
     fn versus_cpu(&self, _: &KernelEntry, _: &[f32]) -> Option<Deviation> {
