@@ -126,15 +126,7 @@ pub fn isa() -> Isa {
 
 /// The best level this CPU (and OS) gives: what `MOEK_CPU_ISA` unset or `auto` picks.
 pub fn best() -> Isa {
-    if has_avx512_bf16() && crate::amx::enable() {
-        Isa::Amx
-    } else if has_avx512_bf16() {
-        Isa::Avx512Bf16
-    } else if has_avx2() {
-        Isa::Avx2
-    } else {
-        Isa::Portable
-    }
+    supported()[0]
 }
 
 /// Whether this CPU has everything the AVX-512 path uses.
@@ -166,17 +158,17 @@ pub fn has_avx2() -> bool {
 }
 
 /// The levels this CPU can run, best first (what `MOEK_CPU_ISA` may force here).
-pub fn supported() -> Vec<&'static str> {
+pub fn supported() -> Vec<Isa> {
     let mut levels = vec![];
     if has_avx512_bf16() && crate::amx::enable() {
-        levels.push("amx");
+        levels.push(Isa::Amx);
     }
     if has_avx512_bf16() {
-        levels.push("avx512");
+        levels.push(Isa::Avx512Bf16);
     }
     if has_avx2() {
-        levels.push("avx2");
+        levels.push(Isa::Avx2);
     }
-    levels.push("portable");
+    levels.push(Isa::Portable);
     levels
 }

@@ -1,7 +1,7 @@
 //! `moek check`: every spec's variants at their real size (26B-A4B sizes for free dims) against the
-//! f64 reference, on every backend this build has (or those `--backend` names), with the variant dispatch would choose for that
-//! problem, the time and the rate (for Spyre: the simulator's time, and the cost model's time, LX
-//! peak and bytes moved). Then the built-in tiny Gemma-4 MoE through every backend, greedy tokens
+//! f64 reference, on every backend this build has (or those `--backend` names), with the variant
+//! dispatch would choose for that problem, the time and the rate (for Spyre: the simulator's
+//! time, and the cost model's time, LX peak and bytes moved). Then the built-in tiny Gemma-4 MoE through every backend, greedy tokens
 //! compared. Exits non-zero when any variant is outside its tolerance or the backends disagree.
 //!
 //! Every backend and every spec of one op and shape run on the same random case (drawing a

@@ -148,17 +148,9 @@ impl<W: Element> Case<W> {
         (self.idx, self.weights) = routes(s.t, s.r, s.e, seed ^ 9);
     }
 
-    /// The biases the inputs carry (the case's own: a quantized case's f32 half holds biases but
-    /// no weights).
+    /// The biases the inputs carry.
     pub fn biases(&self) -> Biases<'_> {
-        let bias = |o| {
-            let i = f32_weight_defs(self.op).position(|t| t.when == Some(o))?;
-            self.optional.has(o).then(|| self.f32_params[i].as_slice())
-        };
-        Biases {
-            gate_up: bias(Optional::GateUpBias),
-            down: bias(Optional::DownBias),
-        }
+        self.inputs().biases()
     }
 
     /// The inputs, bound by the op table from the case's tensors.

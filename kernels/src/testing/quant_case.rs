@@ -39,7 +39,8 @@ impl<Q: Element> QuantCase<Q> {
             idx: vec![],
             weights: vec![],
             act: vec![],
-            params: vec![],
+            // No weights: the reference reads the blocks.
+            params: weight_defs(op).map(|_| Vec::new()).collect(),
             f32_params: drawn.f32_params.clone(),
             softcap: drawn.softcap,
             optional: Optionals::NONE,
