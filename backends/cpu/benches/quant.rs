@@ -5,7 +5,7 @@
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use moek_cpu::Weight;
-use moek_ir::quant::{BlockQ4, BlockQ8, quantize};
+use moek_ir::quant::{BlockMxfp4, BlockQ4, BlockQ8, quantize};
 use std::hint::black_box;
 
 const H: usize = 2816;
@@ -39,6 +39,7 @@ fn benches(c: &mut Criterion) {
     rows::<BlockQ8<2>>(c, "q8_0 block 64");
     rows::<BlockQ4<2>>(c, "q4_0 block 64");
     rows::<BlockQ4<8>>(c, "q4_0 block 256");
+    rows::<BlockMxfp4>(c, "mxfp4");
 }
 
 criterion_group!(quant, benches);

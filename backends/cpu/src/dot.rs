@@ -239,12 +239,32 @@ pub(crate) mod avx512 {
 
     /// `x` (whole blocks of 32) reordered into [`dot_mxfp4`]'s lanes, into `lanes`: once per
     /// product, shared by every row.
+    /// One permute a half block.
+    #[target_feature(enable = "avx512f")]
     pub(crate) fn mxfp4_lane_order(x: &[f32], lanes: &mut Vec<Mxfp4Lanes>) {
+        const AT: [i32; 16] = {
+            let mut at = [0; 16];
+            let mut i = 0;
+            while i < 16 {
+                at[i] = mxfp4_lane_value(i) as i32;
+                i += 1;
+            }
+            at
+        };
+        // SAFETY: `AT` is 16 i32s.
+        let at = unsafe { _mm512_loadu_si512(AT.as_ptr().cast()) };
         lanes.clear();
-        lanes.extend(
-            x.chunks_exact(32)
-                .map(|block| Mxfp4Lanes(std::array::from_fn(|i| block[mxfp4_lane_value(i)]))),
-        );
+        lanes.extend(x.chunks_exact(32).map(|block| {
+            let mut out = Mxfp4Lanes([0.0; 32]);
+            for (half, to) in block.chunks_exact(16).zip(out.0.chunks_exact_mut(16)) {
+                // SAFETY: both halves are 16 f32s.
+                unsafe {
+                    let v = _mm512_loadu_ps(half.as_ptr());
+                    _mm512_storeu_ps(to.as_mut_ptr(), _mm512_permutexvar_ps(at, v));
+                }
+            }
+            out
+        }));
     }
 
     /// [`crate::avx2::dot_mxfp4`] on AVX-512 against an activation in lane order
@@ -287,7 +307,7 @@ pub(crate) mod avx512 {
                 *acc = _mm512_fmadd_ps(_mm512_set1_ps(power), s, *acc);
             }
         };
-        segs.iter().fold(0f32, |sum, &(s, e)| {
+        sum_segment_vectors(segs, |s, e| {
             let mut acc = [_mm512_setzero_ps(); CHAINS];
             let [a0, a1, a2, a3] = &mut acc;
             let full = s + (e - s) / CHAINS * CHAINS;
@@ -307,7 +327,7 @@ pub(crate) mod avx512 {
             for (b, acc) in (full..e).zip([a0, a1, a2]) {
                 step(acc, b);
             }
-            sum + reduce_chains(acc)
+            add_chains(acc)
         })
     }
 
@@ -320,10 +340,44 @@ pub(crate) mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub(crate) fn reduce_chains(c: [__m512; CHAINS]) -> f32 {
-        _mm512_reduce_add_ps(_mm512_add_ps(
-            _mm512_add_ps(c[0], c[1]),
-            _mm512_add_ps(c[2], c[3]),
-        ))
+        reduce_lanes(add_chains(c))
+    }
+
+    /// `sum over segs (in order)` of each segment's vector (`segment(s, e)`, a row's chains
+    /// added), its lanes added by a fixed tree. The vectors of four segments are made before
+    /// any is reduced: a reduction is a chain of dependent adds, and made one after another
+    /// they overlap each other instead of each stalling the next segment's loads.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) fn sum_segment_vectors(
+        segs: &[(usize, usize)],
+        mut segment: impl FnMut(usize, usize) -> __m512,
+    ) -> f32 {
+        let mut sum = 0f32;
+        for batch in segs.chunks(4) {
+            let mut v = [_mm512_setzero_ps(); 4];
+            for (v, &(s, e)) in v.iter_mut().zip(batch) {
+                *v = segment(s, e);
+            }
+            for v in &v[..batch.len()] {
+                sum += reduce_lanes(*v);
+            }
+        }
+        sum
+    }
+
+    /// The 16 lanes added by a fixed tree.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) fn reduce_lanes(v: __m512) -> f32 {
+        _mm512_reduce_add_ps(v)
+    }
+
+    /// A row's chains added, (0 + 1) + (2 + 3).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) fn add_chains(c: [__m512; CHAINS]) -> __m512 {
+        _mm512_add_ps(_mm512_add_ps(c[0], c[1]), _mm512_add_ps(c[2], c[3]))
     }
 
     /// Runs `$step(start, len, chain)` over `s..e` in steps of `$w` elements: whole rounds of

@@ -361,7 +361,8 @@ pub fn rows_mxfp4(
     if matches!(level, Isa::Amx | Isa::Avx512Bf16) {
         // The activation once in the kernel's lane order, then every row against it.
         return LANES.with_borrow_mut(|lanes| {
-            crate::dot::avx512::mxfp4_lane_order(x, lanes);
+            // SAFETY: the level is checked.
+            unsafe { crate::dot::avx512::mxfp4_lane_order(x, lanes) };
             for (o, j) in out.iter_mut().zip(rows) {
                 let row = &mat[j * ldb..j * ldb + kb];
                 // SAFETY: the level is checked; the kernel asserts the lengths.
@@ -627,8 +628,10 @@ mod tests {
     #[test]
     fn rows_of_larger_blocks_match_the_dequantized_sums() {
         matches_dequantized(dots_q8::<2>());
+        matches_dequantized(dots_q8::<4>());
         matches_dequantized(dots_q8::<8>());
         matches_dequantized(dots_q4::<2>());
+        matches_dequantized(dots_q4::<4>());
         matches_dequantized(dots_q4::<8>());
     }
 
