@@ -248,10 +248,14 @@ unsafe fn bf16_dotn<const NR: usize>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn reduce_chains(c: [__m256; CHAINS]) -> f32 {
-    reduce(_mm256_add_ps(
-        _mm256_add_ps(c[0], c[1]),
-        _mm256_add_ps(c[2], c[3]),
-    ))
+    reduce(add_chains(c))
+}
+
+/// A row's chains added, (0 + 1) + (2 + 3).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn add_chains(c: [__m256; CHAINS]) -> __m256 {
+    _mm256_add_ps(_mm256_add_ps(c[0], c[1]), _mm256_add_ps(c[2], c[3]))
 }
 
 /// `y[i] += a * x[i]` (lengths equal, checked by the caller); full-width stores, the tail
@@ -287,11 +291,25 @@ pub(crate) unsafe fn read_chunk(words: &[u64]) -> u64 {
 }
 
 /// For one row of quantized blocks, `sum over segs (in order) of row[seg] . x[seg]`, the
-/// segments in blocks: each segment's sum reduced to one number before it is added, as
-/// [`crate::dot::dotn_segments`] does for plain rows, all in one call.
-#[inline(always)]
-fn sum_segments(segs: &[(usize, usize)], mut segment: impl FnMut(usize, usize) -> f32) -> f32 {
-    segs.iter().fold(0f32, |sum, &(s, e)| sum + segment(s, e))
+/// segments in blocks: each segment's vector (`segment(s, e)`, its chains added) reduced to one
+/// number before it is added, as [`crate::dot::dotn_segments`] does for plain rows, all in one
+/// call. Four segments' vectors are made before any is reduced, so a reduction's chain of
+/// dependent adds does not hold up the next segment's loads (as
+/// [`crate::dot::avx512::sum_segment_vectors`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn sum_segments(segs: &[(usize, usize)], mut segment: impl FnMut(usize, usize) -> __m256) -> f32 {
+    let mut sum = 0f32;
+    for batch in segs.chunks(4) {
+        let mut v = [_mm256_setzero_ps(); 4];
+        for (v, &(s, e)) in v.iter_mut().zip(batch) {
+            *v = segment(s, e);
+        }
+        for v in &v[..batch.len()] {
+            sum += reduce(*v);
+        }
+    }
+    sum
 }
 
 /// [`sum_segments`] for Q8 blocks of `G` groups, the segments in groups: per group, `|w|` as
@@ -338,7 +356,7 @@ pub(crate) unsafe fn dot_q8<const G: usize>(
         for (b, acc) in (full..e).zip([a0, a1, a2]) {
             step(acc, b);
         }
-        reduce_chains(acc)
+        add_chains(acc)
     })
 }
 
@@ -391,7 +409,7 @@ pub(crate) unsafe fn dot_mxfp4(
         for (b, acc) in (full..e).zip([a0, a1, a2]) {
             step(acc, b);
         }
-        reduce_chains(acc)
+        add_chains(acc)
     })
 }
 
@@ -524,9 +542,12 @@ pub(crate) unsafe fn dot_q4<const G: usize>(
         for (b, acc) in (full..pairs_end).step_by(2).zip([a0, a1, a2]) {
             pair(acc, b, scales2(b));
         }
-        let sum = reduce_chains(acc);
+        let sum = add_chains(acc);
         if pairs_end < e {
-            sum + single(pairs_end)
+            _mm256_add_ps(
+                sum,
+                _mm256_setr_ps(single(pairs_end), 0., 0., 0., 0., 0., 0., 0.),
+            )
         } else {
             sum
         }

@@ -142,7 +142,7 @@ pub(crate) unsafe fn dot_q8<const G: usize>(
         if pairs_end < e {
             one(&mut rest, pairs_end);
         }
-        _mm512_add_ps(add_chains(acc), _mm512_castps256_ps512(rest))
+        _mm512_add_ps(add_chains(acc), _mm512_zextps256_ps512(rest))
     })
 }
 
@@ -234,6 +234,6 @@ pub(crate) unsafe fn dot_q4<const G: usize>(
         for b in quads_end..e {
             one(&mut rest, b);
         }
-        _mm512_add_ps(add_chains(acc), _mm512_castps128_ps512(rest))
+        _mm512_add_ps(add_chains(acc), _mm512_zextps128_ps512(rest))
     })
 }
