@@ -160,6 +160,12 @@ fn without_an_adapter_check_says_so_and_goes_on_unless_wgpu_is_required() {
             .any(|l| l.contains("[cpu]") && l.ends_with("yes")),
         "{out}"
     );
+    // A run without wgpu rows does not ask for an adapter, so it says nothing of one.
+    let (ok, out, err) =
+        moek_without_adapter(&["check", "--backend", "cpu", "--filter", "dense_mlp_26b"]);
+    assert!(ok, "{out}{err}");
+    assert!(!out.contains("wgpu"), "{out}");
+    assert!(out.lines().any(|l| l.contains("[cpu]")), "{out}");
     let (ok, _, err) =
         moek_without_adapter(&["check", "--require", "wgpu", "--filter", "dense_mlp_26b"]);
     assert!(!ok);

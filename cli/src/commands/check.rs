@@ -59,9 +59,15 @@ pub fn run(
             b.compiled() && (only.is_empty() || only.iter().any(|n| n.target() == b.target))
         })
         .collect();
-    // Without an adapter the wgpu rows say so and the other backends still run.
-    let adapter = wgpu_adapter();
-    if cfg!(feature = "wgpu") {
+    // Without an adapter the wgpu rows say so and the other backends still run; a run without
+    // wgpu rows does not ask for one.
+    let runs_wgpu = backends.iter().any(|b| b.target == Target::Wgpu);
+    let adapter = if runs_wgpu {
+        wgpu_adapter()
+    } else {
+        Err("not asked for".to_string())
+    };
+    if runs_wgpu {
         match &adapter {
             Ok(a) => {
                 println!("wgpu adapter: {}", a.name);
