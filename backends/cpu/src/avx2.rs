@@ -291,25 +291,11 @@ pub(crate) unsafe fn read_chunk(words: &[u64]) -> u64 {
 }
 
 /// For one row of quantized blocks, `sum over segs (in order) of row[seg] . x[seg]`, the
-/// segments in blocks: each segment's vector (`segment(s, e)`, its chains added) reduced to one
-/// number before it is added, as [`crate::dot::dotn_segments`] does for plain rows, all in one
-/// call. Four segments' vectors are made before any is reduced, so a reduction's chain of
-/// dependent adds does not hold up the next segment's loads (as
-/// [`crate::dot::avx512::sum_segment_vectors`]).
+/// segments in blocks ([`crate::dot::sum_segment_vectors`] for 256-bit vectors).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn sum_segments(segs: &[(usize, usize)], mut segment: impl FnMut(usize, usize) -> __m256) -> f32 {
-    let mut sum = 0f32;
-    for batch in segs.chunks(4) {
-        let mut v = [_mm256_setzero_ps(); 4];
-        for (v, &(s, e)) in v.iter_mut().zip(batch) {
-            *v = segment(s, e);
-        }
-        for v in &v[..batch.len()] {
-            sum += reduce(*v);
-        }
-    }
-    sum
+fn sum_segments(segs: &[(usize, usize)], segment: impl FnMut(usize, usize) -> __m256) -> f32 {
+    crate::dot::sum_segment_vectors(segs, _mm256_setzero_ps(), segment, |v| reduce(v))
 }
 
 /// [`sum_segments`] for Q8 blocks of `G` groups, the segments in groups: per group, `|w|` as

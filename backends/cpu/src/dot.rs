@@ -155,6 +155,31 @@ pub(crate) mod portable {
     }
 }
 
+/// For one row, `sum over segs (in order)` of each segment's vector (`segment(s, e)`: its
+/// chains added) reduced to a number (`reduce`), as [`dotn_segments`] sums plain rows. Four
+/// segments' vectors are made before any is reduced: a reduction is a chain of dependent adds,
+/// and made one after another they overlap instead of each holding up the next segment's loads.
+/// Inlined into each level's kernels, which give the vector type and its reduction.
+#[inline(always)]
+pub(crate) fn sum_segment_vectors<V: Copy>(
+    segs: &[(usize, usize)],
+    zero: V,
+    mut segment: impl FnMut(usize, usize) -> V,
+    reduce: impl Fn(V) -> f32,
+) -> f32 {
+    let mut sum = 0f32;
+    for batch in segs.chunks(4) {
+        let mut v = [zero; 4];
+        for (v, &(s, e)) in v.iter_mut().zip(batch) {
+            *v = segment(s, e);
+        }
+        for &v in &v[..batch.len()] {
+            sum += reduce(v);
+        }
+    }
+    sum
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512 {
     use super::*;
@@ -343,27 +368,14 @@ pub(crate) mod avx512 {
         reduce_lanes(add_chains(c))
     }
 
-    /// `sum over segs (in order)` of each segment's vector (`segment(s, e)`, a row's chains
-    /// added), its lanes added by a fixed tree. The vectors of four segments are made before
-    /// any is reduced: a reduction is a chain of dependent adds, and made one after another
-    /// they overlap each other instead of each stalling the next segment's loads.
+    /// [`super::sum_segment_vectors`] for 512-bit vectors.
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub(crate) fn sum_segment_vectors(
         segs: &[(usize, usize)],
-        mut segment: impl FnMut(usize, usize) -> __m512,
+        segment: impl FnMut(usize, usize) -> __m512,
     ) -> f32 {
-        let mut sum = 0f32;
-        for batch in segs.chunks(4) {
-            let mut v = [_mm512_setzero_ps(); 4];
-            for (v, &(s, e)) in v.iter_mut().zip(batch) {
-                *v = segment(s, e);
-            }
-            for v in &v[..batch.len()] {
-                sum += reduce_lanes(*v);
-            }
-        }
-        sum
+        super::sum_segment_vectors(segs, _mm512_setzero_ps(), segment, |v| reduce_lanes(v))
     }
 
     /// The 16 lanes added by a fixed tree.
