@@ -179,12 +179,21 @@ impl Runtime for Cpu {
 
     /// The dtype's, except for quantized weights multiplied as GEMM operands (tokens grouped
     /// by expert): those are dequantized exactly beside an activation that is never rounded to
-    /// 8 bits, so f32 accumulation is all that remains, held to f32's limits as on wgpu.
+    /// 8 bits, so f32 accumulation is all that remains, held to f32's limits as on wgpu; where
+    /// this process's GEMM rounds both operands to bf16 instead (the `vdpbf16ps` tile), to
+    /// bf16's limits, the rounding the plain bf16 variants carry.
     fn tolerance(&self, kernel: &Kernel, dtype: DType) -> Tolerance {
         let gemm = !moek_ir::cpu::Skeleton::of(kernel).reads_weights_apart();
-        match dtype.is_quantized() && gemm {
-            true => tolerance(DType::F32),
-            false => tolerance(dtype),
+        #[cfg(feature = "cpu")]
+        let rounds = dtype
+            .blocks()
+            .is_some_and(moek_cpu::quant::gemm_rounds_to_bf16);
+        #[cfg(not(feature = "cpu"))]
+        let rounds = false;
+        match (dtype.is_quantized() && gemm, rounds) {
+            (true, true) => tolerance(DType::Bf16),
+            (true, false) => tolerance(DType::F32),
+            (false, _) => tolerance(dtype),
         }
     }
 

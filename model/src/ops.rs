@@ -20,7 +20,7 @@ pub struct Heads {
     pub head_dim: usize,
     pub window: Option<usize>,
 }
-use crate::quantized::{Stored, widened};
+use crate::quantized::Stored;
 use moek_cpu::quant::Weight;
 use moek_kernels::Element;
 use moek_kernels::ir::quant::{BlockMxfp4, BlockQ8_0};
@@ -153,10 +153,10 @@ fn prepared<Q: Weight>(x: &[f32], inp: usize) -> Vec<Q::Row<'_, f32>> {
 
 /// Outputs `cols` of every row of `x` (`[rows, inp]`) against a matrix in blocks, into `c`
 /// (`[rows, cols.len()]`). A few rows (decode): a row product per activation row, each row
-/// made ready once (`ready`) for every column block. More (prefill): the columns' blocks
-/// widened once to the model's type `W` and one GEMM with the rows in `W` (`a`), as the plain
-/// model computes; it outruns integer dots row by row. Widening is exact in f32; in bf16 a
-/// value moves by at most 2^-9 of itself (a quarter of a Q8_0 step at the block's largest).
+/// made ready once (`ready`) for every column block. More (prefill): one GEMM over the blocks
+/// (`moek_cpu::quant::gemm_blocks`, the rows in the model's type `W`, `a`), whose tiles
+/// dequantize a panel of the columns at a time into L1; it outruns integer dots row by row.
+/// Its rounding is the experts' prefill's (docs/quantization.md).
 #[allow(clippy::too_many_arguments)]
 fn block_rows<'x, W: Element, Q: Weight>(
     x: &[f32],
@@ -175,8 +175,8 @@ fn block_rows<'x, W: Element, Q: Weight>(
         return;
     }
     let per_row = inp / Q::VALUES;
-    let w: Vec<W> = widened(&blocks[cols.start * per_row..cols.end * per_row]);
-    moek_cpu::gemm_nt(a, inp, &w, inp, c, n, rows, n, inp);
+    let w = &blocks[cols.start * per_row..cols.end * per_row];
+    Q::gemm_nt(a, inp, w, inp, c, n, rows, n, inp);
 }
 
 /// Inverse frequencies of a layer's RoPE: `theta^(-2j/d) / factor` for the rotated pairs, 0 for

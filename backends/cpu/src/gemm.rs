@@ -362,6 +362,105 @@ pub(crate) mod avx512 {
         }
     }
 
+    /// Row stride of [`gemm_dpbf16_blocks`]' bf16 panel: a chunk plus one cache line, so its six
+    /// rows do not alias 4 KiB apart.
+    const PANEL_LD_BF16: usize = KC_BF16 + 32;
+
+    /// [`gemm_dpbf16`] for `b` in blocks: each chunk of a panel of six rows dequantized exactly
+    /// ([`crate::quant::dequantize_chunk`]) and rounded to bf16 into L1, `a` rounded to bf16 once
+    /// per call (a bf16 `a` is copied as it is). Both roundings are to nearest even, at most 2^-9
+    /// of a value; [`crate::quant::gemm_blocks`] says where that is allowed.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub(crate) unsafe fn gemm_dpbf16_blocks<A: Element, W: Element>(
+        a: &[A],
+        lda: usize,
+        b: &[W],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) {
+        BF16_SCRATCH.with_borrow_mut(|(a16, panel, chunk)| {
+            a16.clear();
+            a16.resize(m * k, 0);
+            for i in 0..m {
+                // SAFETY: row i of `a` holds `k` elements (asserted by the caller).
+                unsafe { round_to_bf16(a.as_ptr().add(i * lda), &mut a16[i * k..(i + 1) * k]) };
+            }
+            panel.resize(NR * PANEL_LD_BF16 + 32, 0);
+            let skip = panel.as_ptr().align_offset(64);
+            let panel = &mut panel[skip..skip + NR * PANEL_LD_BF16];
+            let chunk = aligned(chunk, KC_BF16);
+            let tiles = m.div_ceil(MR);
+            let mut acc: Vec<Acc> = vec![[[_mm512_setzero_ps(); NR]; MR]; tiles];
+            for j0 in (0..n).step_by(NR) {
+                let nj = NR.min(n - j0);
+                let brows = tile_rows::<NR>(ldb, j0, nj);
+                let next =
+                    (j0 + NR < n).then(|| tile_rows::<NR>(ldb, j0 + NR, NR.min(n - j0 - NR)));
+                acc.iter_mut()
+                    .for_each(|t| *t = [[_mm512_setzero_ps(); NR]; MR]);
+                for kc in (0..k).step_by(KC_BF16) {
+                    let len = KC_BF16.min(k - kc);
+                    for (r, &off) in brows.iter().enumerate() {
+                        let ahead = next.map(|nx| nx[r] + kc);
+                        crate::quant::dequantize_chunk(b, off + kc, &mut chunk[..len], ahead);
+                        let dst = &mut panel[r * PANEL_LD_BF16..r * PANEL_LD_BF16 + len];
+                        // SAFETY: `chunk` holds `len` values.
+                        unsafe { round_to_bf16(chunk.as_ptr(), dst) };
+                    }
+                    for (t, tile_acc) in acc.iter_mut().enumerate() {
+                        let arows = tile_rows::<MR>(k, t * MR, MR.min(m - t * MR));
+                        // SAFETY: rows of `a16` hold `k >= kc + len` values, panel rows `len`.
+                        unsafe {
+                            dot_tile(
+                                arows.map(|o| a16.as_ptr().add(o + kc)),
+                                std::array::from_fn(|r| panel.as_ptr().add(r * PANEL_LD_BF16)),
+                                len,
+                                tile_acc,
+                                None,
+                            )
+                        };
+                    }
+                }
+                add_tiles(&acc, c, ldc, m, j0, nj);
+            }
+        });
+    }
+
+    thread_local! {
+        /// Per-thread operands of [`gemm_dpbf16_blocks`]: `a` in bf16, the bf16 panel, and a
+        /// chunk of one row's exact values on its way into the panel.
+        static BF16_SCRATCH: std::cell::RefCell<(Vec<u16>, Vec<u16>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+    }
+
+    /// `dst[i] = bf16(src[i])` for `dst.len()` plain elements, rounded to nearest even (bf16
+    /// copied as it is).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn round_to_bf16<T: Element>(src: *const T, dst: &mut [u16]) {
+        let p = src.cast::<u8>();
+        let mut i = 0;
+        while i < dst.len() {
+            let n = 16.min(dst.len() - i);
+            let m = crate::dot::avx512::mask16(n);
+            // SAFETY: `n` elements remain at `src + i`; `dst` holds them; masked lanes are not
+            // touched.
+            unsafe {
+                let round = |v: __m512| -> __m256i { std::mem::transmute(_mm512_cvtneps_pbh(v)) };
+                let bits = match kind::<T>() {
+                    Kind::Bf16 => _mm256_maskz_loadu_epi16(m, p.add(2 * i).cast::<i16>()),
+                    Kind::F16 => round(load16::<F16>(p.add(2 * i), n)),
+                    Kind::F32 => round(load16::<F32>(p.add(4 * i), n)),
+                };
+                _mm256_mask_storeu_epi16(dst.as_mut_ptr().add(i).cast::<i16>(), m, bits);
+            }
+            i += n;
+        }
+    }
+
     /// `len` bf16 steps of a 4 x 6 tile on `vdpbf16ps`, the last step masked; prefetches the
     /// `ahead` rows alongside.
     #[inline]

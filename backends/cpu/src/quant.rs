@@ -440,6 +440,13 @@ pub fn gemm_blocks<A: Element, Q: Element>(
         _ if m < crate::gemm::STREAM_ROWS => {}
         // SAFETY: the level's features were detected; the shapes were asserted above.
         #[cfg(target_arch = "x86_64")]
+        Isa::Amx | Isa::Avx512Bf16 if bf16_panels::<A, Q>() => {
+            return unsafe {
+                crate::gemm::avx512::gemm_dpbf16_blocks(a, lda, b, ldb, c, ldc, m, n, k)
+            };
+        }
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
         Isa::Amx | Isa::Avx512Bf16 => {
             return unsafe { crate::gemm::avx512::gemm(a, lda, b, ldb, c, ldc, m, n, k) };
         }
@@ -462,6 +469,29 @@ pub fn gemm_blocks<A: Element, Q: Element>(
             crate::gemm_nt(a32, k, panel, k, &mut c[j0..], ldc, m, nj, k);
         }
     });
+}
+
+/// Whether [`gemm_blocks`] runs blocks of `Q` beside activations in `A` on the `vdpbf16ps` tile
+/// (where [`crate::gemm::bf16_tile`] picked it), both operands rounded to bf16: where that
+/// loses nothing (MXFP4's values, two significant bits times a power of two, beside a bf16
+/// activation) or where [`gemm_rounds_to_bf16`] allows the rounding.
+fn bf16_panels<A: Element, Q: Element>() -> bool {
+    use moek_ir::{BlockFormat, DType, Kind};
+    let exact = Q::FORMAT == BlockFormat::Mxfp4 && A::KIND == Kind::Plain(DType::Bf16);
+    let on_dot = crate::gemm::bf16_tile() == crate::gemm::Bf16Tile::Dot;
+    (exact && on_dot) || gemm_rounds_to_bf16(Q::FORMAT)
+}
+
+/// Whether [`gemm_blocks`] over `format`'s blocks rounds the weights' values and the
+/// activations to bf16 (to nearest even, at most 2^-9 of a value) in this process: on the
+/// `vdpbf16ps` tile, for the formats whose tolerance already admits rounding the activation to
+/// 8 bits (Q8_0, Q4_0: half a step is 1/254 of a group's largest value, twice bf16's worst).
+/// Elsewhere the GEMM rounds nothing but its f32 sums.
+pub fn gemm_rounds_to_bf16(format: moek_ir::BlockFormat) -> bool {
+    use moek_ir::{DType, tolerance::unit_roundoff};
+    let admitted =
+        DType::quantized(format, DType::F32).is_some_and(|d| unit_roundoff(d) >= 2f64.powi(-9));
+    admitted && crate::gemm::bf16_tile() == crate::gemm::Bf16Tile::Dot
 }
 
 /// Values `at..at + dst.len()` of `b` (whole blocks), exactly, into `dst`, fetching as many
@@ -658,11 +688,13 @@ mod tests {
         }
     }
 
-    /// The GEMM over blocks against f64 sums of the dequantized weights and the unrounded
-    /// activations: nothing is rounded but the f32 sums, held to the classical bound of `k`
-    /// f32 additions (`k u` times the sum of the products' magnitudes). One row (the panel path), 5 and 70 rows
-    /// (the level's tiles, an edge tile, more than one block of rows on AVX2), a reduction over
-    /// more than one chunk of the tiles, rows longer than the reduction, a bf16 activation.
+    /// The GEMM over blocks against f64 sums of the dequantized weights and the activations:
+    /// nothing is rounded but the f32 sums, held to the classical bound of `k` f32 additions
+    /// (`k u` times the sum of the products' magnitudes), except where the bf16 tile runs
+    /// (`bf16_panels`): there the reference rounds both operands to bf16 first, as the tile
+    /// does. One row (the panel path), 5 and 70 rows (the level's tiles, an edge tile, more
+    /// than one block of rows on AVX2), a reduction over more than one chunk of the tiles, rows
+    /// longer than the reduction, a bf16 activation.
     #[test]
     fn gemm_over_blocks_matches_the_dequantized_sums() {
         fn check<Q: Element, A: Element>(m: usize) {
@@ -672,10 +704,14 @@ mod tests {
             let wd = dequantize(&w);
             let mut c = vec![1f32; m * n];
             gemm_blocks(&a, k, &w, ldb, &mut c, n, m, n, k);
+            let panels = bf16_panels::<A, Q>() && m >= crate::gemm::STREAM_ROWS;
+            let r = |v: f32| match panels {
+                true => f64::from(half::bf16::from_f32(v)),
+                false => f64::from(v),
+            };
             for i in 0..m {
                 for j in 0..n {
-                    let terms = (0..k)
-                        .map(|p| f64::from(a[i * k + p].to_f32()) * f64::from(wd[j * ldb + p]));
+                    let terms = (0..k).map(|p| r(a[i * k + p].to_f32()) * r(wd[j * ldb + p]));
                     let want: f64 = 1.0 + terms.clone().sum::<f64>();
                     let bound =
                         (k + 1) as f64 * 2f64.powi(-24) * (1.0 + terms.map(f64::abs).sum::<f64>());
