@@ -382,7 +382,7 @@ pub(crate) mod avx512 {
         n: usize,
         k: usize,
     ) {
-        BF16_SCRATCH.with_borrow_mut(|(a16, panel, chunk)| {
+        BF16_SCRATCH.with_borrow_mut(|(a16, panel)| {
             a16.clear();
             a16.resize(m * k, 0);
             for i in 0..m {
@@ -392,7 +392,6 @@ pub(crate) mod avx512 {
             panel.resize(NR * PANEL_LD_BF16 + 32, 0);
             let skip = panel.as_ptr().align_offset(64);
             let panel = &mut panel[skip..skip + NR * PANEL_LD_BF16];
-            let chunk = aligned(chunk, KC_BF16);
             let tiles = m.div_ceil(MR);
             let mut acc: Vec<Acc> = vec![[[_mm512_setzero_ps(); NR]; MR]; tiles];
             for j0 in (0..n).step_by(NR) {
@@ -406,10 +405,9 @@ pub(crate) mod avx512 {
                     let len = KC_BF16.min(k - kc);
                     for (r, &off) in brows.iter().enumerate() {
                         let ahead = next.map(|nx| nx[r] + kc);
-                        crate::quant::dequantize_chunk(b, off + kc, &mut chunk[..len], ahead);
                         let dst = &mut panel[r * PANEL_LD_BF16..r * PANEL_LD_BF16 + len];
-                        // SAFETY: `chunk` holds `len` values.
-                        unsafe { round_to_bf16(chunk.as_ptr(), dst) };
+                        // SAFETY: row `j0 + r` of `b` holds `k` values from `off`.
+                        unsafe { dequantize_bf16(b, off + kc, dst, ahead) };
                     }
                     for (t, tile_acc) in acc.iter_mut().enumerate() {
                         let arows = tile_rows::<MR>(k, t * MR, MR.min(m - t * MR));
@@ -431,9 +429,89 @@ pub(crate) mod avx512 {
     }
 
     thread_local! {
-        /// Per-thread operands of [`gemm_dpbf16_blocks`]: `a` in bf16, the bf16 panel, and a
-        /// chunk of one row's exact values on its way into the panel.
-        static BF16_SCRATCH: std::cell::RefCell<(Vec<u16>, Vec<u16>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+        /// Per-thread operands of [`gemm_dpbf16_blocks`]: `a` in bf16 and the bf16 panel.
+        static BF16_SCRATCH: std::cell::RefCell<(Vec<u16>, Vec<u16>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    }
+
+    /// Values `at..at + dst.len()` of `b` (whole blocks) rounded to bf16 into `dst`, fetching as
+    /// many bytes from value `ahead` on alongside: the values [`crate::quant::dequantize_chunk`]
+    /// makes, exact in f32 (the scale broadcast, 16 integers or e2m1 codes widened at a time),
+    /// each rounded once to nearest even.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn dequantize_bf16<W: Element>(
+        b: &[W],
+        at: usize,
+        dst: &mut [u16],
+        ahead: Option<usize>,
+    ) {
+        use moek_ir::BlockFormat;
+        use moek_ir::quant::{E2M1, E8M0_POWERS, GROUP};
+        let v = W::VALUES;
+        let blocks = &b[at / v..(at + dst.len()) / v];
+        if let Some(ahead) = ahead {
+            crate::quant::prefetch_blocks(b, ahead, blocks.len());
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(blocks);
+        let out = dst.as_mut_ptr();
+        // SAFETY (every block below): a block of `W` is its scale then its groups' bytes
+        // (`repr(C)`, moek_ir::quant), `size_of::<W>()` bytes; `dst` holds `v` values a block.
+        let store = |o: *mut u16, x: __m512| unsafe {
+            let bits: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(x));
+            _mm256_storeu_si256(o.cast::<__m256i>(), bits);
+        };
+        let f16_scale = |p: *const u8| unsafe {
+            let bits = i32::from(p.cast::<u16>().read_unaligned());
+            _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
+        };
+        let low = _mm_set1_epi8(0x0f);
+        // SAFETY: E2M1 holds 16 values.
+        let e2m1 = unsafe { _mm512_loadu_ps(E2M1.as_ptr()) };
+        for (i, blk) in bytes.chunks_exact(std::mem::size_of::<W>()).enumerate() {
+            let (p, o) = (blk.as_ptr(), out.wrapping_add(i * v));
+            // SAFETY: as above.
+            unsafe {
+                match W::FORMAT {
+                    BlockFormat::Q8_0 => {
+                        let d = f16_scale(p);
+                        for h in 0..v / 16 {
+                            let q = _mm_loadu_si128(p.add(2 + 16 * h).cast::<__m128i>());
+                            let x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+                            store(o.add(16 * h), _mm512_mul_ps(d, x));
+                        }
+                    }
+                    BlockFormat::Q4_0 => {
+                        let (d, eight) = (f16_scale(p), _mm512_set1_epi32(8));
+                        for g in 0..v / GROUP {
+                            let q = _mm_loadu_si128(p.add(2 + 16 * g).cast::<__m128i>());
+                            let halves = [
+                                _mm_and_si128(q, low),
+                                _mm_and_si128(_mm_srli_epi16(q, 4), low),
+                            ];
+                            for (h, n) in halves.into_iter().enumerate() {
+                                let s = _mm512_sub_epi32(_mm512_cvtepu8_epi32(n), eight);
+                                store(
+                                    o.add(GROUP * g + 16 * h),
+                                    _mm512_mul_ps(d, _mm512_cvtepi32_ps(s)),
+                                );
+                            }
+                        }
+                    }
+                    BlockFormat::Mxfp4 => {
+                        let d = _mm512_set1_ps(E8M0_POWERS[usize::from(*p)]);
+                        let q = _mm_loadu_si128(p.add(1).cast::<__m128i>());
+                        let halves = [
+                            _mm_and_si128(q, low),
+                            _mm_and_si128(_mm_srli_epi16(q, 4), low),
+                        ];
+                        for (h, n) in halves.into_iter().enumerate() {
+                            let x = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(n), e2m1);
+                            store(o.add(16 * h), _mm512_mul_ps(d, x));
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// `dst[i] = bf16(src[i])` for `dst.len()` plain elements, rounded to nearest even (bf16

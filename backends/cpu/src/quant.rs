@@ -507,14 +507,21 @@ pub(crate) fn dequantize_chunk<Q: Element>(
     let v = Q::VALUES;
     let blocks = &b[at / v..(at + dst.len()) / v];
     if let Some(ahead) = ahead {
-        let bytes = std::mem::size_of_val(blocks);
-        let from = b[ahead / v..].as_ptr().cast::<u8>();
-        for line in (0..bytes).step_by(64) {
-            crate::memory::prefetch(from.wrapping_add(line));
-        }
+        prefetch_blocks(b, ahead, blocks.len());
     }
     for (blk, o) in blocks.iter().zip(dst.chunks_exact_mut(v)) {
         blk.dequantize(o);
+    }
+}
+
+/// Fetches `count` blocks of `b` from value `ahead` on (the next panel's chunk of a row, while
+/// this one is dequantized).
+#[inline(always)]
+pub(crate) fn prefetch_blocks<Q: Element>(b: &[Q], ahead: usize, count: usize) {
+    let bytes = count * std::mem::size_of::<Q>();
+    let from = b[ahead / Q::VALUES..].as_ptr().cast::<u8>();
+    for line in (0..bytes).step_by(64) {
+        crate::memory::prefetch(from.wrapping_add(line));
     }
 }
 
@@ -728,6 +735,7 @@ mod tests {
             check::<BlockQ8<1>, f32>(m);
             check::<BlockQ4<1>, half::bf16>(m);
             check::<BlockQ4<8>, f32>(m);
+            check::<BlockQ8<4>, half::bf16>(m);
             check::<BlockMxfp4, half::bf16>(m);
         }
     }
