@@ -270,7 +270,8 @@ pub(crate) mod avx512 {
                     // The same chunk of the next panel's row is fetched while this one widens.
                     let ahead = next.map(|nx| nx[r] + kc);
                     if W::VALUES > 1 {
-                        crate::quant::dequantize_chunk(b, off + kc, &mut dst[..len], ahead);
+                        // SAFETY: row `j0 + r` of `b` holds `k` values from `off`.
+                        unsafe { dequantize_f32(b, off + kc, &mut dst[..len], ahead) };
                         continue;
                     }
                     let ahead = ahead.map(|at| b[at..].as_ptr());
@@ -433,10 +434,8 @@ pub(crate) mod avx512 {
         static BF16_SCRATCH: std::cell::RefCell<(Vec<u16>, Vec<u16>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
     }
 
-    /// Values `at..at + dst.len()` of `b` (whole blocks) rounded to bf16 into `dst`, fetching as
-    /// many bytes from value `ahead` on alongside: the values [`crate::quant::dequantize_chunk`]
-    /// makes, exact in f32 (the scale broadcast, 16 integers or e2m1 codes widened at a time),
-    /// each rounded once to nearest even.
+    /// Values `at..at + dst.len()` of `b` (whole blocks) rounded to bf16 into `dst` (each once,
+    /// to nearest even), fetching as many bytes from value `ahead` on alongside.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     unsafe fn dequantize_bf16<W: Element>(
@@ -445,68 +444,105 @@ pub(crate) mod avx512 {
         dst: &mut [u16],
         ahead: Option<usize>,
     ) {
-        use moek_ir::BlockFormat;
+        let out = dst.as_mut_ptr();
+        // SAFETY: `dst` holds the values `at..at + dst.len()`, 16 at a time.
+        unsafe {
+            dequantize_lanes(b, at, dst.len(), ahead, |i, x| {
+                let bits: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(x));
+                _mm256_storeu_si256(out.add(i).cast::<__m256i>(), bits);
+            })
+        }
+    }
+
+    /// [`crate::quant::dequantize_chunk`] on AVX-512: values `at..at + dst.len()` of `b` (whole
+    /// blocks), exactly, into `dst`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn dequantize_f32<W: Element>(
+        b: &[W],
+        at: usize,
+        dst: &mut [f32],
+        ahead: Option<usize>,
+    ) {
+        let out = dst.as_mut_ptr();
+        // SAFETY: `dst` holds the values `at..at + dst.len()`, 16 at a time.
+        unsafe {
+            dequantize_lanes(b, at, dst.len(), ahead, |i, x| {
+                _mm512_storeu_ps(out.add(i), x)
+            })
+        }
+    }
+
+    /// Values `at..at + len` of `b` (whole blocks), exactly (each a small integer times its
+    /// block's f16 scale, or an e2m1 value times its power of two), 16 at a time: `put(i, x)`
+    /// takes values `i..i + 16` relative to `at`. A block's scale is broadcast once and its
+    /// integers or e2m1 codes widened to 16 f32 lanes at a time. Fetches as many bytes from
+    /// value `ahead` on alongside.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn dequantize_lanes<W: Element>(
+        b: &[W],
+        at: usize,
+        len: usize,
+        ahead: Option<usize>,
+        mut put: impl FnMut(usize, __m512),
+    ) {
         use moek_ir::quant::{E2M1, E8M0_POWERS, GROUP};
+        use moek_ir::{BlockFormat, Kind};
         let v = W::VALUES;
-        let blocks = &b[at / v..(at + dst.len()) / v];
+        let blocks = &b[at / v..(at + len) / v];
         if let Some(ahead) = ahead {
             crate::quant::prefetch_blocks(b, ahead, blocks.len());
         }
         let bytes: &[u8] = bytemuck::cast_slice(blocks);
-        let out = dst.as_mut_ptr();
-        // SAFETY (every block below): a block of `W` is its scale then its groups' bytes
-        // (`repr(C)`, moek_ir::quant), `size_of::<W>()` bytes; `dst` holds `v` values a block.
-        let store = |o: *mut u16, x: __m512| unsafe {
-            let bits: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(x));
-            _mm256_storeu_si256(o.cast::<__m256i>(), bits);
-        };
-        let f16_scale = |p: *const u8| unsafe {
-            let bits = i32::from(p.cast::<u16>().read_unaligned());
+        let f16_scale = |p: *const u8| {
+            // SAFETY: a Q8_0 or Q4_0 block starts with its f16 scale.
+            let bits = i32::from(unsafe { p.cast::<u16>().read_unaligned() });
             _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
         };
         let low = _mm_set1_epi8(0x0f);
+        let nibbles = |q: __m128i| {
+            [
+                _mm_and_si128(q, low),
+                _mm_and_si128(_mm_srli_epi16(q, 4), low),
+            ]
+        };
         // SAFETY: E2M1 holds 16 values.
         let e2m1 = unsafe { _mm512_loadu_ps(E2M1.as_ptr()) };
         for (i, blk) in bytes.chunks_exact(std::mem::size_of::<W>()).enumerate() {
-            let (p, o) = (blk.as_ptr(), out.wrapping_add(i * v));
-            // SAFETY: as above.
+            let (p, o) = (blk.as_ptr(), i * v);
+            // SAFETY: a block of `W` is its scale then its groups' bytes (`repr(C)`,
+            // moek_ir::quant), `size_of::<W>()` bytes: every load below is inside `blk`.
             unsafe {
-                match W::FORMAT {
-                    BlockFormat::Q8_0 => {
+                match W::KIND {
+                    Kind::Plain(d) => unreachable!("{d} is not a block format"),
+                    Kind::Blocks(BlockFormat::Q8_0) => {
                         let d = f16_scale(p);
                         for h in 0..v / 16 {
                             let q = _mm_loadu_si128(p.add(2 + 16 * h).cast::<__m128i>());
                             let x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
-                            store(o.add(16 * h), _mm512_mul_ps(d, x));
+                            put(o + 16 * h, _mm512_mul_ps(d, x));
                         }
                     }
-                    BlockFormat::Q4_0 => {
+                    Kind::Blocks(BlockFormat::Q4_0) => {
                         let (d, eight) = (f16_scale(p), _mm512_set1_epi32(8));
                         for g in 0..v / GROUP {
                             let q = _mm_loadu_si128(p.add(2 + 16 * g).cast::<__m128i>());
-                            let halves = [
-                                _mm_and_si128(q, low),
-                                _mm_and_si128(_mm_srli_epi16(q, 4), low),
-                            ];
-                            for (h, n) in halves.into_iter().enumerate() {
+                            for (h, n) in nibbles(q).into_iter().enumerate() {
                                 let s = _mm512_sub_epi32(_mm512_cvtepu8_epi32(n), eight);
-                                store(
-                                    o.add(GROUP * g + 16 * h),
+                                put(
+                                    o + GROUP * g + 16 * h,
                                     _mm512_mul_ps(d, _mm512_cvtepi32_ps(s)),
                                 );
                             }
                         }
                     }
-                    BlockFormat::Mxfp4 => {
+                    Kind::Blocks(BlockFormat::Mxfp4) => {
                         let d = _mm512_set1_ps(E8M0_POWERS[usize::from(*p)]);
                         let q = _mm_loadu_si128(p.add(1).cast::<__m128i>());
-                        let halves = [
-                            _mm_and_si128(q, low),
-                            _mm_and_si128(_mm_srli_epi16(q, 4), low),
-                        ];
-                        for (h, n) in halves.into_iter().enumerate() {
+                        for (h, n) in nibbles(q).into_iter().enumerate() {
                             let x = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(n), e2m1);
-                            store(o.add(16 * h), _mm512_mul_ps(d, x));
+                            put(o + 16 * h, _mm512_mul_ps(d, x));
                         }
                     }
                 }

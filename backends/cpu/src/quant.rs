@@ -495,8 +495,8 @@ pub fn gemm_rounds_to_bf16(format: moek_ir::BlockFormat) -> bool {
 }
 
 /// Values `at..at + dst.len()` of `b` (whole blocks), exactly, into `dst`, fetching as many
-/// bytes from value `ahead` on alongside. Inlined into each level's GEMM, so the loops
-/// compile for that level.
+/// bytes from value `ahead` on alongside. Inlined into the AVX2 GEMM, so the loops compile for
+/// that level (the AVX-512 tiles make their panels in registers: `gemm::avx512`).
 #[inline(always)]
 pub(crate) fn dequantize_chunk<Q: Element>(
     b: &[Q],
