@@ -241,9 +241,10 @@ kernel! {
     }
 
     /// Prefill with Q8_0 or Q4_0 experts at the 26B-A4B's geometry: tokens grouped by expert,
-    /// each expert's rows dequantized exactly, a panel at a time, into f32 for the GEMM tiles,
-    /// against the activations as they are (nothing rounded to 8 bits, unlike the row products
-    /// of decode). An expert's dequantized rows serve all its tokens, where the gathered
+    /// each expert's rows dequantized, a panel at a time, into L1 for the GEMM tiles (exactly
+    /// into f32, or rounded to bf16 for the `vdpbf16ps` tile: docs/quantization.md), against
+    /// the activations as they are (nothing rounded to 8 bits, unlike the row products of
+    /// decode). An expert's dequantized rows serve all its tokens, where the gathered
     /// products multiply every row once per token.
     pub prefill_expert_ffn_grouped_quantized = expert_ffn {
         dims:    T = 2.., R = 8, E = 128, H = 2816, F = 704;
@@ -300,6 +301,34 @@ kernel! {
         targets:         cpu, wgpu;
         activation:      silu;
         select:          gather E by R;
+        cores(gate_up):  F = 32;
+        cores(down):     H = 32;
+    }
+
+    /// [`dense_mlp_quantized`] in prefill on the CPU (4 tokens or more): the one expert as a
+    /// persistent loop of one trip, gate/up and down as GEMMs over the blocks (a panel of rows
+    /// dequantized into L1 at a time serves every token, where the gathered products multiply
+    /// each block once per token), cut along F and H as [`dense_mlp_quantized`] is.
+    pub dense_mlp_quantized_prefill = expert_ffn {
+        dims:            T = 4.., R = 1, E = 1, H, F;
+        dtypes:          q8_0, q4_0, mxfp4, q8_0_bf16, q4_0_bf16;
+        targets:         cpu;
+        select:          dense E;
+        loop:            E persistent;
+        groups:          T = 32;
+        cores(gate_up):  F = 32;
+        cores(down):     H = 32;
+    }
+
+    /// [`dense_mlp_quantized_prefill`] with SiLU (Qwen3-MoE's dense layers).
+    pub dense_mlp_quantized_prefill_silu = expert_ffn {
+        dims:            T = 4.., R = 1, E = 1, H, F;
+        dtypes:          q8_0, q4_0, mxfp4, q8_0_bf16, q4_0_bf16;
+        targets:         cpu;
+        activation:      silu;
+        select:          dense E;
+        loop:            E persistent;
+        groups:          T = 32;
         cores(gate_up):  F = 32;
         cores(down):     H = 32;
     }

@@ -305,18 +305,6 @@ pub(crate) fn dense_mlp<W: Element>(
             up_proj,
             down_proj,
         } => dense(gate_proj, up_proj, down_proj, trace)?,
-        // Prefill on the CPU: the blocks widened once to the model's type and the dense
-        // kernel's GEMMs over the rows in it, as the plain model computes, which outrun a row
-        // product per token (the trace names the dense variant that ran; widening is exact in
-        // f32, within 2^-9 of each value in bf16).
-        DenseMlp::Blocks {
-            gate_up_proj,
-            down_proj,
-        } if t >= moek_cpu::gemm::STREAM_ROWS && kernels.backend.target == Target::Cpu => {
-            let gate_up = gate_up_proj.widened();
-            let (gate, up) = gate_up.split_at(f * h);
-            dense(gate, up, &down_proj.widened(), trace)?
-        }
         DenseMlp::Blocks {
             gate_up_proj,
             down_proj,

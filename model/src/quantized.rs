@@ -144,16 +144,6 @@ impl<W: Element> Stored<'_, W> {
         }
     }
 
-    /// Every value in `W`: as it is, or its blocks' exact values rounded to `W`.
-    pub fn widened(&self) -> Cow<'_, [W]> {
-        match self {
-            Stored::Plain(m) => Cow::Borrowed(m),
-            Stored::Q8_0(b) => Cow::Owned(widened(b)),
-            Stored::Q4_0(b) => Cow::Owned(widened(b)),
-            Stored::Mxfp4(b) => Cow::Owned(widened(b)),
-        }
-    }
-
     /// The same matrix, borrowed.
     pub fn borrowed(&self) -> Stored<'_, W> {
         match self {
@@ -173,11 +163,6 @@ impl<W: Element> Stored<'_, W> {
             Some(BlockFormat::Mxfp4) => Stored::Mxfp4(Cow::Owned(quantize(&values))),
         }
     }
-}
-
-/// `blocks`' exact values rounded to `W` (exact in f32; within 2^-9 of each value in bf16).
-pub fn widened<Q: Element, W: Element>(blocks: &[Q]) -> Vec<W> {
-    crate::ops::to_w(&moek_kernels::blocks::dequantize(blocks))
 }
 
 /// A dense MLP's matrices: in `W` as the checkpoint stores them (read in place), or in blocks
@@ -411,7 +396,7 @@ mod tests {
     /// sums apart.
     #[test]
     fn a_dense_mlp_in_blocks_computes_the_dense_mlp_of_its_values() {
-        let (t, h, f) = (3, 64, 96);
+        let (h, f) = (64, 96);
         let shapes = [("gate", f, h), ("up", f, h), ("down", h, f)];
         let blocks: Vec<Vec<BlockMxfp4>> = (0..3)
             .map(|i| quantize(&uniform::<f32>(f * h, 7 + i, 0.3)))
@@ -426,22 +411,29 @@ mod tests {
             });
             DenseMlp::<f32>::new(parts).unwrap()
         };
-        let x = uniform::<f32>(t * h, 3, 1.0);
         let kernels = Kernels::new(moek_kernels::Backend::cpu());
-        let run = |m: &DenseMlp<'_, f32>| {
-            let mut trace = vec![];
-            let y = dense_mlp(&kernels, 0, &x, (h, f), m, Activation::Silu, &mut trace).unwrap();
-            (y, trace.pop().unwrap())
-        };
-        let ((got, ran), (want, _)) = (run(&mlp(false)), run(&mlp(true)));
-        assert_eq!(ran.choice.kernel, "dense_mlp_quantized_silu", "{ran:?}");
-        let err = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-        assert!(err <= 1e-5 * scale, "max error {err} of {scale}");
+        // A few rows take the row products, a prompt the GEMMs over the blocks.
+        for (t, kernel) in [
+            (3, "dense_mlp_quantized_silu"),
+            (5, "dense_mlp_quantized_prefill_silu"),
+        ] {
+            let x = uniform::<f32>(t * h, 3, 1.0);
+            let run = |m: &DenseMlp<'_, f32>| {
+                let mut trace = vec![];
+                let y =
+                    dense_mlp(&kernels, 0, &x, (h, f), m, Activation::Silu, &mut trace).unwrap();
+                (y, trace.pop().unwrap())
+            };
+            let ((got, ran), (want, _)) = (run(&mlp(false)), run(&mlp(true)));
+            assert_eq!(ran.choice.kernel, kernel, "{ran:?}");
+            let err = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            assert!(err <= 1e-5 * scale, "{t} rows: max error {err} of {scale}");
+        }
     }
 
     #[test]

@@ -284,14 +284,23 @@ fn qwen3_quantized_at_load_stays_within_the_formats_bound() {
             "the dense layer's MLP is in blocks with the whole model only"
         );
         let model = qwen3::model::Model::new(cfg.clone(), w, moek_kernels::Backend::cpu());
-        // One row (decode) runs the dense MLP in its blocks; a prompt of several runs it in
-        // f32 on the blocks' exact values (docs/quantization.md).
-        let mut trace = vec![];
-        model
-            .forward(&tokens[..1], &mut Cache::default(), Head::Last, &mut trace)
-            .unwrap();
-        let dense = trace.iter().find(|t| t.what == "dense_mlp").unwrap();
-        assert_eq!(dense.choice.dtype.is_quantized(), whole, "{dense:?}");
+        // The dense MLP runs in its blocks: one row (decode) on the row products, a prompt of
+        // several on GEMMs over the blocks (docs/quantization.md).
+        for (n, prefill) in [(1, false), (tokens.len(), true)] {
+            let mut trace = vec![];
+            model
+                .forward(&tokens[..n], &mut Cache::default(), Head::Last, &mut trace)
+                .unwrap();
+            let dense = trace.iter().find(|t| t.what == "dense_mlp").unwrap();
+            assert_eq!(dense.choice.dtype.is_quantized(), whole, "{dense:?}");
+            let gemm = dense.choice.kernel == "dense_mlp_quantized_prefill_silu";
+            assert_eq!(
+                gemm,
+                whole && prefill,
+                "{n} tokens: {}",
+                dense.choice.kernel
+            );
+        }
         let got = all_logits(&model, &tokens);
         let (rel, max) = deviation(&got, &want);
         eprintln!(

@@ -4,7 +4,7 @@ kernel! {
     pub k = expert_ffn {
         dims:    T, R, E, H, F;
         dtypes:  q8_0;
-        targets: cpu;
+        targets: cpu, wgpu;
         select:  dense E;
         loop:    E persistent;
     }

@@ -58,7 +58,7 @@ impl Checker {
         };
         let lowered = match k.op {
             Op::GateUp | Op::Down => k.schedule.select == Selection::Gather,
-            Op::ExpertFfn => matches!(k.schedule.select, Selection::Gather | Selection::Grouped),
+            Op::ExpertFfn => true,
             Op::LmHeadRow => true,
             Op::DenseMlp => false,
         };
@@ -70,7 +70,18 @@ impl Checker {
             self.errors.push(
                 span,
                 format!(
-                    "`{dtype}` weights are lowered for `gate_up` and `down` with `select: gather`, `expert_ffn` with `select: gather` or `grouped`, and `lm_head_row`: {what} reads f16, bf16 or f32 weights"
+                    "`{dtype}` weights are lowered for `gate_up` and `down` with `select: gather`, `expert_ffn`, and `lm_head_row`: {what} reads f16, bf16 or f32 weights"
+                ),
+            );
+        }
+        // The persistent loop over blocks is the CPU's (GEMMs over the blocks); the WGSL
+        // persistent program reads plain banks.
+        let dense = k.op == Op::ExpertFfn && k.schedule.select == Selection::Dense;
+        if let Some(&(_, at)) = p.targets.iter().find(|t| t.0 == Target::Wgpu && dense) {
+            self.errors.push(
+                at,
+                format!(
+                    "wgpu runs `{dtype}` expert FFNs with `select: gather`: its persistent program (`select: dense`) reads f16, bf16 or f32 banks; drop `wgpu`, or select `gather E by R`"
                 ),
             );
         }
