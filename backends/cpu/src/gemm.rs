@@ -367,10 +367,10 @@ pub(crate) mod avx512 {
     /// rows do not alias 4 KiB apart.
     const PANEL_LD_BF16: usize = KC_BF16 + 32;
 
-    /// [`gemm_dpbf16`] for `b` in blocks: each chunk of a panel of six rows dequantized exactly
-    /// ([`crate::quant::dequantize_chunk`]) and rounded to bf16 into L1, `a` rounded to bf16 once
-    /// per call (a bf16 `a` is copied as it is). Both roundings are to nearest even, at most 2^-9
-    /// of a value; [`crate::quant::gemm_blocks`] says where that is allowed.
+    /// [`gemm_dpbf16`] for `b` in blocks: each chunk of a panel of six rows dequantized and
+    /// rounded to bf16 into L1 ([`dequantize_bf16`]), `a` rounded to bf16 once per call (a bf16
+    /// `a` is copied as it is). Both roundings are to nearest even, at most 2^-9 of a value;
+    /// [`crate::quant::gemm_blocks`] says where that is allowed.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     pub(crate) unsafe fn gemm_dpbf16_blocks<A: Element, W: Element>(
         a: &[A],
