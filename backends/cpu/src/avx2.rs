@@ -547,6 +547,84 @@ fn f16_bits_to_f32(bits: u16) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
+/// Values `at..at + dst.len()` of `b` (whole blocks), exactly, into `dst`, fetching as many bytes from value `ahead` on alongside. A
+/// block's scale is broadcast once and its integers or e2m1 codes widened 8 at a time (an e2m1
+/// code's magnitude from a `vpermps` of the table's first half, its sign from bit 3).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dequantize<W: Element>(b: &[W], at: usize, dst: &mut [f32], ahead: Option<usize>) {
+    use moek_ir::quant::{E2M1, E8M0_POWERS, GROUP};
+    use moek_ir::{BlockFormat, Kind as Stored};
+    let v = W::VALUES;
+    let blocks = &b[at / v..(at + dst.len()) / v];
+    if let Some(ahead) = ahead {
+        crate::quant::prefetch_blocks(b, ahead, blocks.len());
+    }
+    let bytes: &[u8] = bytemuck::cast_slice(blocks);
+    let out = dst.as_mut_ptr();
+    // SAFETY: `dst` holds `v` values a block, 8 at a time.
+    let put = |i: usize, x: __m256| unsafe { _mm256_storeu_ps(out.add(i), x) };
+    let low = _mm_set1_epi8(0x0f);
+    // A group's 16 nibble bytes as its values `0..16` and `16..32`, each in two halves of 8.
+    let halves = |q: __m128i| {
+        let (lo, hi) = (
+            _mm_and_si128(q, low),
+            _mm_and_si128(_mm_srli_epi16(q, 4), low),
+        );
+        [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)]
+    };
+    // SAFETY: E2M1 holds 16 values; its second half is the first negated.
+    let magnitudes = unsafe { _mm256_loadu_ps(E2M1.as_ptr()) };
+    for (i, blk) in bytes.chunks_exact(std::mem::size_of::<W>()).enumerate() {
+        let (p, o) = (blk.as_ptr(), i * v);
+        // SAFETY: a block of `W` is its scale then its groups' bytes (`repr(C)`,
+        // moek_ir::quant), `size_of::<W>()` bytes: every load below is inside `blk`.
+        unsafe {
+            match W::KIND {
+                Stored::Plain(d) => unreachable!("{d} is not a block format"),
+                Stored::Blocks(BlockFormat::Q8_0) => {
+                    let d = _mm256_set1_ps(f16_bits_to_f32(p.cast::<u16>().read_unaligned()));
+                    for h in 0..v / 8 {
+                        let q = _mm_loadl_epi64(p.add(2 + 8 * h).cast::<__m128i>());
+                        put(
+                            o + 8 * h,
+                            _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))),
+                        );
+                    }
+                }
+                Stored::Blocks(BlockFormat::Q4_0) => {
+                    let d = _mm256_set1_ps(f16_bits_to_f32(p.cast::<u16>().read_unaligned()));
+                    let eight = _mm256_set1_epi32(8);
+                    for g in 0..v / GROUP {
+                        let q = _mm_loadu_si128(p.add(2 + 16 * g).cast::<__m128i>());
+                        for (h, n) in halves(q).into_iter().enumerate() {
+                            let s = _mm256_sub_epi32(_mm256_cvtepu8_epi32(n), eight);
+                            put(
+                                o + GROUP * g + 8 * h,
+                                _mm256_mul_ps(d, _mm256_cvtepi32_ps(s)),
+                            );
+                        }
+                    }
+                }
+                Stored::Blocks(BlockFormat::Mxfp4) => {
+                    let d = _mm256_set1_ps(E8M0_POWERS[usize::from(*p)]);
+                    let q = _mm_loadu_si128(p.add(1).cast::<__m128i>());
+                    for (h, n) in halves(q).into_iter().enumerate() {
+                        let code = _mm256_cvtepu8_epi32(n);
+                        let sign =
+                            _mm256_slli_epi32(_mm256_and_si256(code, _mm256_set1_epi32(8)), 28);
+                        let x = _mm256_permutevar8x32_ps(magnitudes, code);
+                        put(
+                            o + 8 * h,
+                            _mm256_mul_ps(d, _mm256_xor_ps(x, _mm256_castsi256_ps(sign))),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// GEMM `c += a . b^T` as f32 FMA tiles over widened operands (see [`crate::gemm`]).
 pub(crate) mod gemm {
     use super::*;
@@ -576,7 +654,7 @@ pub(crate) mod gemm {
 
     /// Shapes were checked by [`crate::gemm::gemm_nt`] (or [`crate::quant::gemm_blocks`]):
     /// `b` plain (then of `a`'s type) or in blocks, dequantized exactly as its chunks are
-    /// widened ([`crate::quant::dequantize_chunk`]); `ldb` and `k` count values.
+    /// widened ([`dequantize`]); `ldb` and `k` count values.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn gemm<A: Element, W: Element>(
         a: &[A],
@@ -648,7 +726,8 @@ pub(crate) mod gemm {
                     dst[len..].fill(0.0);
                     if W::VALUES > 1 {
                         let ahead = next.map(|nx| nx[r] + kc);
-                        crate::quant::dequantize_chunk(b, off + kc, &mut dst[..len], ahead);
+                        // SAFETY: row `j0 + r` of `b` holds `k` values from `off`.
+                        unsafe { dequantize(b, off + kc, &mut dst[..len], ahead) };
                         continue;
                     }
                     // The same chunk of the next panel's row is fetched while this one widens

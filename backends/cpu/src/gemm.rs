@@ -197,7 +197,7 @@ pub(crate) mod avx512 {
     type Acc = [[__m512; NR]; MR];
 
     /// `b` plain (then of `a`'s type) or in blocks, dequantized exactly as its chunks are
-    /// widened ([`crate::quant::dequantize_chunk`]); `ldb` and `k` count values.
+    /// widened ([`dequantize_f32`]); `ldb` and `k` count values.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub(crate) unsafe fn gemm<A: Element, W: Element>(
         a: &[A],
@@ -454,8 +454,8 @@ pub(crate) mod avx512 {
         }
     }
 
-    /// [`crate::quant::dequantize_chunk`] on AVX-512: values `at..at + dst.len()` of `b` (whole
-    /// blocks), exactly, into `dst`.
+    /// Values `at..at + dst.len()` of `b` (whole blocks), exactly, into `dst`, fetching as many
+    /// bytes from value `ahead` on alongside.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn dequantize_f32<W: Element>(

@@ -410,9 +410,9 @@ thread_local! {
 /// [`Weight::gemm_nt`] for rows in blocks of `Q`: the weights' exact values against the
 /// activations as they are, in f32 sums (unlike the row products, [`rows_q`], nothing is
 /// rounded to 8 bits). On AVX2 and AVX-512 the level's f32 GEMM tiles dequantize each chunk of
-/// a panel of `b` where they would widen a plain one ([`dequantize_chunk`]), into L1, and
-/// widen `a` once; elsewhere [`PANEL_ROWS`] rows are dequantized at a time for
-/// [`crate::gemm_nt`] on f32. With tokens to share each dequantized row (prefill: an expert's
+/// a panel of `b` in registers where they would widen a plain one, into L1, and widen `a`
+/// once (the `vdpbf16ps` tile rounds both to bf16 where [`bf16_panels`] allows); elsewhere
+/// [`PANEL_ROWS`] rows are dequantized at a time for [`crate::gemm_nt`] on f32. With tokens to share each dequantized row (prefill: an expert's
 /// tokens), a tile's multiply-adds cost far less per weight than an integer dot per token.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_blocks<A: Element, Q: Element>(
@@ -464,7 +464,11 @@ pub fn gemm_blocks<A: Element, Q: Element>(
             let nj = PANEL_ROWS.min(n - j0);
             panel.resize(nj * k, 0.0);
             for (r, row) in panel.chunks_exact_mut(k).enumerate() {
-                dequantize_chunk(b, (j0 + r) * ldb, row, None);
+                let at = (j0 + r) * ldb / v;
+                let blocks = &b[at..at + k / v];
+                for (blk, o) in blocks.iter().zip(row.chunks_exact_mut(v)) {
+                    blk.dequantize(o);
+                }
             }
             crate::gemm_nt(a32, k, panel, k, &mut c[j0..], ldc, m, nj, k);
         }
@@ -492,26 +496,6 @@ pub fn gemm_rounds_to_bf16(format: moek_ir::BlockFormat) -> bool {
     let admitted =
         DType::quantized(format, DType::F32).is_some_and(|d| unit_roundoff(d) >= 2f64.powi(-9));
     admitted && crate::gemm::bf16_tile() == crate::gemm::Bf16Tile::Dot
-}
-
-/// Values `at..at + dst.len()` of `b` (whole blocks), exactly, into `dst`, fetching as many
-/// bytes from value `ahead` on alongside. Inlined into the AVX2 GEMM, so the loops compile for
-/// that level (the AVX-512 tiles make their panels in registers: `gemm::avx512`).
-#[inline(always)]
-pub(crate) fn dequantize_chunk<Q: Element>(
-    b: &[Q],
-    at: usize,
-    dst: &mut [f32],
-    ahead: Option<usize>,
-) {
-    let v = Q::VALUES;
-    let blocks = &b[at / v..(at + dst.len()) / v];
-    if let Some(ahead) = ahead {
-        prefetch_blocks(b, ahead, blocks.len());
-    }
-    for (blk, o) in blocks.iter().zip(dst.chunks_exact_mut(v)) {
-        blk.dequantize(o);
-    }
 }
 
 /// Fetches `count` blocks of `b` from value `ahead` on (the next panel's chunk of a row, while
