@@ -1,6 +1,6 @@
 //! Blocks: where a block size known at run time becomes a type
-//! ([`with_block!`](crate::with_block)), weights of any stored element quantized to them
-//! ([`quantize`]), and blocks back to their exact values ([`dequantize`]).
+//! ([`with_block!`](crate::with_block)), and weights of any stored element quantized to them
+//! ([`quantize`]; `moek_ir::quant::dequantize` gives blocks back their exact values).
 
 use moek_ir::Element;
 use moek_ir::quant::BLOCK_SIZES;
@@ -28,15 +28,6 @@ pub fn quantize<W: Element, Q: Element>(values: &[W]) -> Vec<Q> {
             block.iter_mut().zip(v).for_each(|(x, w)| *x = w.to_f32());
             *b = Q::quantize(block);
         });
-    out
-}
-
-/// The exact values of `blocks`, block by block in parallel.
-pub fn dequantize<Q: Element>(blocks: &[Q]) -> Vec<f32> {
-    let mut out = vec![0f32; blocks.len() * Q::VALUES];
-    out.par_chunks_mut(Q::VALUES)
-        .zip(blocks)
-        .for_each(|(o, b)| b.dequantize(o));
     out
 }
 

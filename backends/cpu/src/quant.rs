@@ -412,8 +412,9 @@ thread_local! {
 /// rounded to 8 bits). On AVX2 and AVX-512 the level's f32 GEMM tiles dequantize each chunk of
 /// a panel of `b` in registers where they would widen a plain one, into L1, and widen `a`
 /// once (the `vdpbf16ps` tile rounds both to bf16 where [`bf16_panels`] allows); elsewhere
-/// [`PANEL_ROWS`] rows are dequantized at a time for [`crate::gemm_nt`] on f32. With tokens to share each dequantized row (prefill: an expert's
-/// tokens), a tile's multiply-adds cost far less per weight than an integer dot per token.
+/// [`PANEL_ROWS`] rows are dequantized at a time for [`crate::gemm_nt`] on f32. With tokens to
+/// share each dequantized row (prefill: an expert's tokens), a tile's multiply-adds cost far
+/// less per weight than an integer dot per token.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_blocks<A: Element, Q: Element>(
     a: &[A],
@@ -478,24 +479,31 @@ pub fn gemm_blocks<A: Element, Q: Element>(
 /// Whether [`gemm_blocks`] runs blocks of `Q` beside activations in `A` on the `vdpbf16ps` tile
 /// (where [`crate::gemm::bf16_tile`] picked it), both operands rounded to bf16: where that
 /// loses nothing (MXFP4's values, two significant bits times a power of two, beside a bf16
-/// activation) or where [`gemm_rounds_to_bf16`] allows the rounding.
+/// activation) or where the format admits the rounding ([`gemm_rounds_to_bf16`]).
 fn bf16_panels<A: Element, Q: Element>() -> bool {
     use moek_ir::{BlockFormat, DType, Kind};
     let exact = Q::FORMAT == BlockFormat::Mxfp4 && A::KIND == Kind::Plain(DType::Bf16);
-    let on_dot = crate::gemm::bf16_tile() == crate::gemm::Bf16Tile::Dot;
-    (exact && on_dot) || gemm_rounds_to_bf16(Q::FORMAT)
+    on_dot_tile() && (exact || admits_bf16(Q::FORMAT))
 }
 
 /// Whether [`gemm_blocks`] over `format`'s blocks rounds the weights' values and the
 /// activations to bf16 (to nearest even, at most 2^-9 of a value) in this process: on the
-/// `vdpbf16ps` tile, for the formats whose tolerance already admits rounding the activation to
-/// 8 bits (Q8_0, Q4_0: half a step is 1/254 of a group's largest value, twice bf16's worst).
-/// Elsewhere the GEMM rounds nothing but its f32 sums.
+/// `vdpbf16ps` tile, for the formats that admit it ([`admits_bf16`]). Elsewhere the GEMM
+/// rounds nothing but its f32 sums.
 pub fn gemm_rounds_to_bf16(format: moek_ir::BlockFormat) -> bool {
+    on_dot_tile() && admits_bf16(format)
+}
+
+/// Whether `format`'s tolerance already admits rounding the activation to 8 bits (Q8_0, Q4_0:
+/// half a step is 1/254 of a group's largest value, twice bf16's worst).
+fn admits_bf16(format: moek_ir::BlockFormat) -> bool {
     use moek_ir::{DType, tolerance::unit_roundoff};
-    let admitted =
-        DType::quantized(format, DType::F32).is_some_and(|d| unit_roundoff(d) >= 2f64.powi(-9));
-    admitted && crate::gemm::bf16_tile() == crate::gemm::Bf16Tile::Dot
+    DType::quantized(format, DType::F32).is_some_and(|d| unit_roundoff(d) >= 2f64.powi(-9))
+}
+
+/// Whether this process's bf16 GEMM tile is `vdpbf16ps`.
+fn on_dot_tile() -> bool {
+    crate::gemm::bf16_tile() == crate::gemm::Bf16Tile::Dot
 }
 
 /// Fetches `count` blocks of `b` from value `ahead` on (the next panel's chunk of a row, while
