@@ -5,6 +5,7 @@
 //! the CPU has). Each forced level panics with a clear message where the CPU (or the OS) lacks it;
 //! unset or `auto` picks the best there is: amx > avx512 > avx2 > portable.
 
+use crate::peak::Mac;
 use std::sync::OnceLock;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,9 +41,9 @@ impl Isa {
         }
     }
 
-    /// Peak f32-accumulated multiply-adds per cycle per core on bf16 GEMMs, for reports: the
-    /// instruction the bf16 GEMM runs on this level ([`crate::gemm::bf16_tile`] on AVX-512).
-    pub fn gemm_macs_per_cycle(self) -> f64 {
+    /// Nominal f32-accumulated multiply-adds per cycle per core on bf16 GEMMs, where the peak is
+    /// not timed ([`Isa::peak_gflops`]): the instruction the bf16 GEMM runs on this level ([`crate::gemm::bf16_tile`] on AVX-512).
+    fn gemm_macs_per_cycle(self) -> f64 {
         match self {
             // one 16 x 16 x 32 `tdpbf16ps` per 16 cycles
             Isa::Amx => 1024.0,
@@ -52,8 +53,8 @@ impl Isa {
         }
     }
 
-    /// Peak f32 multiply-adds per cycle per core (f32 and f16 GEMMs; bf16 where FMAs run it).
-    pub fn f32_macs_per_cycle(self) -> f64 {
+    /// Nominal f32 multiply-adds per cycle per core (f32 and f16 GEMMs; bf16 where FMAs run it).
+    fn f32_macs_per_cycle(self) -> f64 {
         match self {
             // two 16-lane f32 FMAs per cycle
             Isa::Amx | Isa::Avx512Bf16 => 32.0,
@@ -66,15 +67,39 @@ impl Isa {
 }
 
 impl Isa {
-    /// Peak bf16 GEMM GFLOP/s of `threads` cores at the nominal clock ([`nominal_ghz`]): the
-    /// physical floor prefill figures are printed beside.
+    /// Peak bf16 GEMM GFLOP/s of `threads` cores: the physical floor prefill figures are printed
+    /// beside. Timed ([`crate::peak`]) where the level's tile multiplies with one instruction
+    /// (`vdpbf16ps` or FMAs); the nominal rate at the reported clock ([`nominal_ghz`]) for AMX
+    /// tiles and the portable path.
     pub fn peak_gflops(self, threads: usize) -> f64 {
-        2.0 * self.gemm_macs_per_cycle() * nominal_ghz() * threads as f64
+        let mac = match self {
+            Isa::Avx512Bf16 if crate::gemm::bf16_tile() == crate::gemm::Bf16Tile::Dot => {
+                Some(Mac::Dpbf16)
+            }
+            Isa::Amx => None,
+            other => other.f32_mac(),
+        };
+        mac.map_or_else(
+            || 2.0 * self.gemm_macs_per_cycle() * nominal_ghz() * threads as f64,
+            |mac| crate::peak::gflops(mac, threads),
+        )
     }
 
-    /// Peak f32 FMA GFLOP/s of `threads` cores at the nominal clock, printed beside the above.
+    /// Peak f32 FMA GFLOP/s of `threads` cores, printed beside the above: timed as it is.
     pub fn f32_peak_gflops(self, threads: usize) -> f64 {
-        2.0 * self.f32_macs_per_cycle() * nominal_ghz() * threads as f64
+        self.f32_mac().map_or_else(
+            || 2.0 * self.f32_macs_per_cycle() * nominal_ghz() * threads as f64,
+            |mac| crate::peak::gflops(mac, threads),
+        )
+    }
+
+    /// The FMA this level's f32 products issue (none on the portable path).
+    fn f32_mac(self) -> Option<Mac> {
+        match self {
+            Isa::Amx | Isa::Avx512Bf16 => Some(Mac::Fma512),
+            Isa::Avx2 => Some(Mac::Fma256),
+            Isa::Portable => None,
+        }
     }
 }
 

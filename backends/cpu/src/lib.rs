@@ -17,6 +17,7 @@ pub mod element;
 pub mod gemm;
 pub mod isa;
 pub mod memory;
+pub mod peak;
 pub mod pool;
 pub mod quant;
 pub mod schedule;

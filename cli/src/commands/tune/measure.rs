@@ -300,7 +300,7 @@ fn run<C: Bench>(
     scores.sort_by(|a, b| a.rank().total_cmp(&b.rank()));
     scores.extend(dropped.into_iter().rev().flatten());
     // The CPU's floors: the read bandwidth probed beside the final round's calls (decode) or the
-    // ISA's FMA peak; a GPU's are not known here.
+    // ISA's bf16 GEMM peak, timed; a GPU's are not known here.
     let floor = match (probe, on_cpu) {
         (Some(probe), _) => Some(if bandwidth.is_empty() {
             probe.best_of(2)
