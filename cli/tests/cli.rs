@@ -481,6 +481,32 @@ fn the_model_bench_prints_the_fields_scripts_check() {
 }
 
 #[test]
+fn the_model_bench_times_a_forced_variant_and_refuses_one_that_cannot_serve_it() {
+    let gather = "general_expert_ffn_gather";
+    let v = model_bench(
+        "26b-a4b",
+        &["lm_head", "moe", "dense_mlp"],
+        &["--variant", gather],
+    );
+    assert_eq!(v["variant"], gather, "{v}");
+    // The blocked decode variant cannot take the 512-token prompt: nothing is timed.
+    let (ok, out, err) = moek(&[
+        "bench",
+        "--geometry",
+        "26b-a4b",
+        "--layers",
+        "1",
+        "--variant",
+        "decode_expert_ffn_blocked",
+    ]);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(
+        err.contains("variant `decode_expert_ffn_blocked` was requested but is not eligible"),
+        "{err}"
+    );
+}
+
+#[test]
 fn the_qwen3_bench_prints_the_same_fields() {
     // Qwen3-30B-A3B has no dense MLP beside its experts.
     let v = model_bench("qwen3-30b-a3b", &["lm_head", "moe"], &[]);

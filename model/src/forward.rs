@@ -193,6 +193,11 @@ pub trait CausalLm {
     /// Bytes the KV cache holds after `positions` tokens.
     fn cache_bytes(&self, positions: usize) -> u64;
 
+    /// The forced MoE variant, if any, checked against a forward of `tokens` new rows (what the
+    /// banks and the family ask of it): every forward does this before anything changes, and a
+    /// caller about to run many can ask it of each shape first.
+    fn check_variant(&self, tokens: usize) -> Result<(), ModelError>;
+
     /// Runs `tokens` after what `cache` holds, appending to it, and returns the logits of the
     /// final row (`Head::Last`) or of every row; with the dispatch records.
     fn forward(

@@ -237,6 +237,10 @@ impl CausalLm for Model {
         self.cell.borrow_dependent().cache_bytes(positions)
     }
 
+    fn check_variant(&self, tokens: usize) -> Result<(), ModelError> {
+        self.cell.borrow_dependent().check_variant(tokens)
+    }
+
     fn forward(
         &self,
         tokens: &[u32],

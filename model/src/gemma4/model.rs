@@ -60,6 +60,18 @@ impl<W: Element> CausalLm for Model<'_, W> {
             .sum()
     }
 
+    fn check_variant(&self, tokens: usize) -> Result<(), ModelError> {
+        let first_moe = self.weights.layers.iter().find_map(|l| l.moe.as_ref());
+        let (Some(mw), Some(moe)) = (first_moe, self.cfg.moe) else {
+            return Ok(());
+        };
+        self.kernels.check_variant(
+            &mw.experts.gate_up_proj,
+            Function::new(Op::ExpertFfn, Activation::GeluTanh),
+            &self.moe_shape(tokens, moe),
+        )
+    }
+
     fn forward(
         &self,
         tokens: &[u32],
@@ -84,17 +96,7 @@ impl<W: Element> Model<'_, W> {
         let cfg = &self.cfg;
         let (h, s) = (cfg.hidden_size, tokens.len());
         check_tokens(tokens, cache, cfg.vocab_size, cfg.max_position_embeddings)?;
-        // A forced variant is checked before anything changes.
-        let first_moe = self.weights.layers.iter().find_map(|l| l.moe.as_ref());
-        if let (Some(mw), Some(moe)) = (first_moe, cfg.moe) {
-            let shape = self.moe_shape(s, moe);
-            let banks = &mw.experts.gate_up_proj;
-            self.kernels.check_variant(
-                banks,
-                Function::new(Op::ExpertFfn, Activation::GeluTanh),
-                &shape,
-            )?;
-        }
+        self.check_variant(s)?;
         let positions: Vec<usize> = (cache.len..cache.len + s).collect();
         // Embedding, scaled by sqrt(H) cast to the weight dtype (as the reference does).
         let scale = round::<W>((h as f32).sqrt());

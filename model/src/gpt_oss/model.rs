@@ -58,6 +58,15 @@ impl<W: Element> CausalLm for Model<'_, W> {
         every_position_cache_bytes(c.layers.len(), positions, c.num_key_value_heads, c.head_dim)
     }
 
+    fn check_variant(&self, tokens: usize) -> Result<(), ModelError> {
+        let Some(layer) = self.weights.layers.first() else {
+            return Ok(());
+        };
+        let banks = &layer.mlp.experts.gate_up_proj;
+        self.kernels
+            .check_variant(banks, self.moe_function(), &self.cfg.moe_shape(tokens))
+    }
+
     fn forward(
         &self,
         tokens: &[u32],
@@ -82,12 +91,7 @@ impl<W: Element> Model<'_, W> {
         let cfg = &self.cfg;
         let (h, s) = (cfg.hidden_size, tokens.len());
         check_tokens(tokens, cache, cfg.vocab_size, cfg.max_position_embeddings)?;
-        // A forced variant is checked before anything changes.
-        if let Some(layer) = self.weights.layers.first() {
-            let banks = &layer.mlp.experts.gate_up_proj;
-            self.kernels
-                .check_variant(banks, self.moe_function(), &cfg.moe_shape(s))?;
-        }
+        self.check_variant(s)?;
         let positions: Vec<usize> = (cache.len..cache.len + s).collect();
         let mut x = embed(&self.weights.embed_tokens, tokens, h);
         if cache.layers.is_empty() {

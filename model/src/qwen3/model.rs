@@ -52,6 +52,21 @@ impl<W: Element> CausalLm for Model<'_, W> {
         every_position_cache_bytes(c.layers.len(), positions, c.num_key_value_heads, c.head_dim)
     }
 
+    fn check_variant(&self, tokens: usize) -> Result<(), ModelError> {
+        let first_moe = self.weights.layers.iter().find_map(|l| match &l.mlp {
+            Feedforward::Sparse(moe) => Some(&moe.gate_up_proj),
+            Feedforward::Dense(_) => None,
+        });
+        let Some(banks) = first_moe else {
+            return Ok(());
+        };
+        self.kernels.check_variant(
+            banks,
+            Function::new(Op::ExpertFfn, Activation::Silu),
+            &self.moe_shape(tokens),
+        )
+    }
+
     fn forward(
         &self,
         tokens: &[u32],
@@ -76,18 +91,7 @@ impl<W: Element> Model<'_, W> {
         let cfg = &self.cfg;
         let (h, s) = (cfg.hidden_size, tokens.len());
         check_tokens(tokens, cache, cfg.vocab_size, cfg.max_position_embeddings)?;
-        // A forced variant is checked before anything changes.
-        let first_moe = self.weights.layers.iter().find_map(|l| match &l.mlp {
-            Feedforward::Sparse(moe) => Some(&moe.gate_up_proj),
-            Feedforward::Dense(_) => None,
-        });
-        if let Some(banks) = first_moe {
-            self.kernels.check_variant(
-                banks,
-                Function::new(Op::ExpertFfn, Activation::Silu),
-                &self.moe_shape(s),
-            )?;
-        }
+        self.check_variant(s)?;
         let positions: Vec<usize> = (cache.len..cache.len + s).collect();
         let mut x = embed(&self.weights.embed_tokens, tokens, h);
         if cache.layers.is_empty() {

@@ -45,6 +45,10 @@ pub struct BenchArgs {
     /// dense MLP in bf16.
     #[arg(long)]
     pub quantize_experts_only: bool,
+    /// Model bench: force this MoE variant in prefill and decode (as `--variant` on `logits`
+    /// and `generate`); one that cannot serve either is an error before anything is timed.
+    #[arg(long, requires = "geometry")]
+    pub variant: Option<String>,
     /// Model bench: draw each figure against its roof (decode against the probed bandwidth's
     /// ceiling, prefill against the level's peak) into this SVG; without `--dtype` or
     /// `--quantize`, bf16 and every block format are measured, one after another.

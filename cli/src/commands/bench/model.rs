@@ -10,7 +10,7 @@ use crate::commands::figures::{Format, SAMPLE_PROBE_BYTES, median, median_ratio,
 use half::bf16;
 use moek_kernels::ir::BlockFormat;
 use moek_model::checkpoint::{Checkpoint, LoadError};
-use moek_model::forward::{Cache, CausalLm, Head, Trace};
+use moek_model::forward::{Cache, CausalLm, Head, Kernels, Trace};
 use moek_model::gemma4::model::Model;
 use moek_model::quantized::{Quantize, Scope};
 use std::process::ExitCode;
@@ -26,6 +26,8 @@ pub struct ModelFigures {
     /// Where the weights live: `memory` (built in huge pages), or the `--from-file` residence
     /// (`mapped`, `huge-pages`).
     pub weights: String,
+    /// The MoE variant `--variant` forced, if any (else dispatch chose per call).
+    pub variant: Option<String>,
     /// The block format of the quantized matrices (`--dtype`), if any; every other matrix is
     /// bf16.
     pub quantized: Option<String>,
@@ -140,6 +142,9 @@ fn report(f: &ModelFigures, format: Format) {
                 },
                 f.weights
             );
+            if let Some(v) = &f.variant {
+                println!("MoE variant forced: {v}");
+            }
             println!(
                 "read bandwidth (probed before each decode step): median {:.1} GB/s, {:.1}-{:.1}",
                 f.read_bandwidth_gbs, f.read_bandwidth_range_gbs[0], f.read_bandwidth_range_gbs[1]
@@ -253,7 +258,7 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
             let quant = crate::commands::quantize(args.dtype.or(args.quantize), experts_only);
             let work = Work::gemma4(&cfg, PROMPT, quant);
             let vocab = cfg.vocab_size;
-            let model = Model::new(cfg, weights, args.backend.backend());
+            let model = Model::new(cfg, weights, kernels(args));
             let at = ("26b-a4b", layers, quant);
             timed(args, at, &model, vocab, weights_bytes, work)
         }
@@ -277,7 +282,7 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
             let weights_bytes = weights.bytes() as u64;
             let work = Work::qwen3(&cfg, PROMPT);
             let vocab = cfg.vocab_size;
-            let model = moek_model::qwen3::model::Model::new(cfg, weights, args.backend.backend());
+            let model = moek_model::qwen3::model::Model::new(cfg, weights, kernels(args));
             let at = ("qwen3-30b-a3b", layers, None);
             timed(args, at, &model, vocab, weights_bytes, work)
         }
@@ -296,8 +301,7 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
             let weights_bytes = weights.bytes() as u64;
             let work = Work::gpt_oss(&cfg, PROMPT, experts);
             let vocab = cfg.vocab_size;
-            let model =
-                moek_model::gpt_oss::model::Model::new(cfg, weights, args.backend.backend());
+            let model = moek_model::gpt_oss::model::Model::new(cfg, weights, kernels(args));
             let shipped = Quantize {
                 format: experts,
                 scope: Scope::Experts,
@@ -311,6 +315,11 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
 /// Times prefills of a 512-token prompt and decode steps of `model` (at `geometry` with `layers`
 /// layers, the matrices `quantized` covers in its blocks if set), each step against the read
 /// bandwidth probed just before it.
+/// The built-in kernels on the chosen backend, the forced variant if any.
+fn kernels(args: &BenchArgs) -> Kernels {
+    Kernels::new(args.backend.backend()).with_variant(args.variant.clone())
+}
+
 fn timed(
     args: &BenchArgs,
     (geometry, layers, quantized): (&str, usize, Option<Quantize>),
@@ -323,6 +332,9 @@ fn timed(
     let prompt: Vec<u32> = (0..512u32)
         .map(|i| (i * 7919 + 13) % vocab as u32)
         .collect();
+    // A forced variant serves both shapes, or nothing is timed.
+    model.check_variant(prompt.len())?;
+    model.check_variant(1)?;
     // Prefill: a fresh cache each run; the last run's cache goes on to decode.
     const PREFILL_RUNS: usize = 3;
     let mut trace = vec![];
@@ -384,6 +396,7 @@ fn timed(
     let isa = moek_cpu::isa();
     let threads = rayon::current_num_threads();
     Ok(ModelFigures {
+        variant: args.variant.clone(),
         geometry: geometry.into(),
         layers,
         backend: format!("{backend:?}").to_lowercase(),

@@ -152,6 +152,7 @@ mod tests {
             layers: 2,
             backend: "cpu".into(),
             weights: "memory".into(),
+            variant: None,
             quantized: quantized.map(Into::into),
             quantized_scope: quantized.map(|_| "whole"),
             isa: "avx2",
