@@ -41,9 +41,9 @@ enum Command {
     },
     /// Run every spec's variants at their real size against the f64 reference.
     Check {
-        /// Fail unless these backends run (e.g. `--require cpu`).
-        #[arg(long, value_delimiter = ',')]
-        require: Vec<String>,
+        /// Fail unless these backends run (e.g. `--require cpu`; `wgpu` also needs an adapter).
+        #[arg(long, value_enum, value_delimiter = ',')]
+        require: Vec<commands::BackendArg>,
         /// Only specs whose name contains this.
         #[arg(long)]
         filter: Option<String>,

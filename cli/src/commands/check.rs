@@ -19,7 +19,7 @@ use std::time::Instant;
 
 pub fn run(
     registry: &moek_kernels::Registry,
-    require: &[String],
+    require: &[BackendArg],
     only: &[BackendArg],
     filter: Option<&str>,
     full: bool,
@@ -27,25 +27,8 @@ pub fn run(
     let started = Instant::now();
     // Its cases are gigabytes drawn and dropped one after another.
     moek_cpu::memory::retain_freed_memory();
-    for backend in require {
-        match backend.as_str() {
-            "cpu" if cfg!(feature = "cpu") => {}
-            "spyre" if cfg!(feature = "spyre") => {}
-            "wgpu" if cfg!(feature = "wgpu") => {
-                if let Err(why) = wgpu_adapter() {
-                    return Err(required("wgpu", &why));
-                }
-            }
-            "cpu" | "spyre" | "wgpu" => {
-                return Err(required(
-                    backend,
-                    &format!("this build has no `{backend}` feature"),
-                ));
-            }
-            other => return Err(required(other, "it is not part of this build yet")),
-        }
-    }
-    for &named in only {
+    // Every backend named is built in (clap has refused names that are none).
+    for &named in require.iter().chain(only) {
         if !named.backend().compiled() {
             return Err(required(
                 named.target().name(),
@@ -62,11 +45,15 @@ pub fn run(
     // Without an adapter the wgpu rows say so and the other backends still run; a run without
     // wgpu rows does not ask for one.
     let runs_wgpu = backends.iter().any(|b| b.target == Target::Wgpu);
-    let adapter = if runs_wgpu {
+    let needs_wgpu = require.contains(&BackendArg::Wgpu);
+    let adapter = if runs_wgpu || needs_wgpu {
         wgpu_adapter()
     } else {
         Err("not asked for".to_string())
     };
+    if let (true, Err(why)) = (needs_wgpu, &adapter) {
+        return Err(required("wgpu", why));
+    }
     if runs_wgpu {
         match &adapter {
             Ok(a) => {
