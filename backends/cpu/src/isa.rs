@@ -42,7 +42,8 @@ impl Isa {
     }
 
     /// Nominal f32-accumulated multiply-adds per cycle per core on bf16 GEMMs, where the peak is
-    /// not timed ([`Isa::peak_gflops`]): the instruction the bf16 GEMM runs on this level ([`crate::gemm::bf16_tile`] on AVX-512).
+    /// not timed ([`Isa::peak_gflops`]): the instruction the bf16 GEMM runs on this level
+    /// ([`crate::gemm::bf16_tile`] on AVX-512).
     fn gemm_macs_per_cycle(self) -> f64 {
         match self {
             // one 16 x 16 x 32 `tdpbf16ps` per 16 cycles

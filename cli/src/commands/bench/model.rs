@@ -312,14 +312,14 @@ pub fn measure(args: &BenchArgs, layers: usize) -> Result<ModelFigures, CommandE
     }
 }
 
-/// Times prefills of a 512-token prompt and decode steps of `model` (at `geometry` with `layers`
-/// layers, the matrices `quantized` covers in its blocks if set), each step against the read
-/// bandwidth probed just before it.
 /// The built-in kernels on the chosen backend, the forced variant if any.
 fn kernels(args: &BenchArgs) -> Kernels {
     Kernels::new(args.backend.backend()).with_variant(args.variant.clone())
 }
 
+/// Times prefills of a 512-token prompt and decode steps of `model` (at `geometry` with `layers`
+/// layers, the matrices `quantized` covers in its blocks if set), each step against the read
+/// bandwidth probed just before it.
 fn timed(
     args: &BenchArgs,
     (geometry, layers, quantized): (&str, usize, Option<Quantize>),
