@@ -42,10 +42,10 @@ pub fn enable() -> bool {
 
 /// Weight rows (output columns) per panel: 128 x 2816 bf16 is 704 KiB, held in L2 while every
 /// block of activations passes.
-const PANEL: usize = 128;
+pub(crate) const PANEL: usize = 128;
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-pub(crate) use tiles::gemm;
+pub(crate) use tiles::{configure, gemm, release};
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod tiles {
@@ -112,10 +112,8 @@ mod tiles {
         SCRATCH.with_borrow_mut(|(ap, edge)| {
             pack_a(a, lda, m, k, m32, kb_n, ap);
             let mut out = [0f32; 4 * TR * TR];
-            // SAFETY: AMX was enabled for the process; the configuration is valid.
-            unsafe {
-                asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly))
-            };
+            // SAFETY: AMX was enabled for the process (the caller's contract).
+            unsafe { configure() };
             for p0 in (0..n).step_by(PANEL) {
                 let p1 = (p0 + PANEL).min(n);
                 for i0 in (0..m32).step_by(2 * TR) {
@@ -152,9 +150,27 @@ mod tiles {
                     }
                 }
             }
-            // SAFETY: releases this thread's tile state.
-            unsafe { asm!("tilerelease", options(nostack, nomem)) };
+            // SAFETY: the tiles were configured above.
+            unsafe { release() };
         });
+    }
+
+    /// Configures this thread's tiles: eight of 16 rows x 64 bytes.
+    ///
+    /// # Safety
+    /// [`super::enable`] returned true.
+    pub(crate) unsafe fn configure() {
+        // SAFETY: the caller's contract; the configuration is valid.
+        unsafe { asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly)) };
+    }
+
+    /// Releases this thread's tile state.
+    ///
+    /// # Safety
+    /// The tiles were configured ([`configure`]).
+    pub(crate) unsafe fn release() {
+        // SAFETY: the caller's contract.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
     }
 
     /// Packs activations into tiles of the second operand: tile `(it, kb)` holds, in its row

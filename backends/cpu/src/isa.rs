@@ -41,20 +41,8 @@ impl Isa {
         }
     }
 
-    /// Nominal f32-accumulated multiply-adds per cycle per core on bf16 GEMMs, where the peak is
-    /// not timed ([`Isa::peak_gflops`]): the instruction the bf16 GEMM runs on this level
-    /// ([`crate::gemm::bf16_tile`] on AVX-512).
-    fn gemm_macs_per_cycle(self) -> f64 {
-        match self {
-            // one 16 x 16 x 32 `tdpbf16ps` per 16 cycles
-            Isa::Amx => 1024.0,
-            // two `vdpbf16ps` per cycle, each 16 lanes of two products
-            Isa::Avx512Bf16 if crate::gemm::bf16_tile() == crate::gemm::Bf16Tile::Dot => 64.0,
-            other => other.f32_macs_per_cycle(),
-        }
-    }
-
-    /// Nominal f32 multiply-adds per cycle per core (f32 and f16 GEMMs; bf16 where FMAs run it).
+    /// Nominal f32 multiply-adds per cycle per core, for the portable path (whose products
+    /// are no one instruction to time).
     fn f32_macs_per_cycle(self) -> f64 {
         match self {
             // two 16-lane f32 FMAs per cycle
@@ -69,21 +57,26 @@ impl Isa {
 
 impl Isa {
     /// Peak bf16 GEMM GFLOP/s of `threads` cores: the physical floor prefill figures are printed
-    /// beside. Timed ([`crate::peak`]) where the level's tile multiplies with one instruction
-    /// (`vdpbf16ps` or FMAs); the nominal rate at the reported clock ([`nominal_ghz`]) for AMX
-    /// tiles and the portable path.
+    /// beside. Timed ([`crate::peak`]) on the instruction the level's bf16 tile multiplies
+    /// with ([`Isa::gemm_mac`]); the nominal rate at the reported clock ([`nominal_ghz`]) on the
+    /// portable path.
     pub fn peak_gflops(self, threads: usize) -> f64 {
-        let mac = match self {
+        self.gemm_mac().map_or_else(
+            || 2.0 * self.f32_macs_per_cycle() * nominal_ghz() * threads as f64,
+            |mac| crate::peak::gflops(mac, threads),
+        )
+    }
+
+    /// The instruction this level's bf16 GEMM multiplies with: AMX tiles, `vdpbf16ps` where
+    /// [`crate::gemm::bf16_tile`] picked it, else the f32 FMA (none on the portable path).
+    pub(crate) fn gemm_mac(self) -> Option<Mac> {
+        match self {
+            Isa::Amx => Some(Mac::Tdpbf16),
             Isa::Avx512Bf16 if crate::gemm::bf16_tile() == crate::gemm::Bf16Tile::Dot => {
                 Some(Mac::Dpbf16)
             }
-            Isa::Amx => None,
             other => other.f32_mac(),
-        };
-        mac.map_or_else(
-            || 2.0 * self.gemm_macs_per_cycle() * nominal_ghz() * threads as f64,
-            |mac| crate::peak::gflops(mac, threads),
-        )
+        }
     }
 
     /// Peak f32 FMA GFLOP/s of `threads` cores, printed beside the above: timed as it is.
@@ -95,7 +88,7 @@ impl Isa {
     }
 
     /// The FMA this level's f32 products issue (none on the portable path).
-    fn f32_mac(self) -> Option<Mac> {
+    pub(crate) fn f32_mac(self) -> Option<Mac> {
         match self {
             Isa::Amx | Isa::Avx512Bf16 => Some(Mac::Fma512),
             Isa::Avx2 => Some(Mac::Fma256),
