@@ -1,8 +1,9 @@
 //! bf16 GEMM on AMX tiles (`tdpbf16ps`: a 16 x 16 f32 tile += 16 x 32 bf16 times 32 x 16 bf16).
 //!
 //! Measured on this project's machines: about 1.7 TMAC/s per core from registers, sixteen times
-//! the two f32 FMA ports; prefill's GEMMs become a matter of feeding the tiles. Weights load into
-//! tiles in place; activations are packed once per call. Each 32 x 32 output block keeps four
+//! the two f32 FMA ports; prefill's GEMMs become a matter of feeding the tiles. bf16 weights
+//! load into tiles in place, weights in blocks from a panel dequantized to bf16 in L2
+//! ([`Panels`]); activations are packed once per call. Each 32 x 32 output block keeps four
 //! accumulator tiles over the whole reduction, so every output's partial is one f32 sum from
 //! zero, added to `c` at the end (as the other paths do).
 //! Rust has no stable AMX intrinsics: the four instructions used are written as `asm!`.
@@ -45,7 +46,7 @@ pub fn enable() -> bool {
 pub(crate) const PANEL: usize = 128;
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-pub(crate) use tiles::{configure, gemm, release};
+pub(crate) use tiles::{Panels, configure, gemm, gemm_panels, release};
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod tiles {
@@ -106,6 +107,46 @@ mod tiles {
         n: usize,
         k: usize,
     ) {
+        let mut b = InPlace { b, ldb };
+        // SAFETY: the caller's contract.
+        unsafe { gemm_panels(a, lda, &mut b, c, ldc, m, n, k) }
+    }
+
+    /// Weight rows for the tiles, [`PANEL`] at a time.
+    pub(crate) trait Panels {
+        /// Rows `j0..j0 + nj` of the weights as bf16 bits, `k` values each, and their stride.
+        fn panel(&mut self, j0: usize, nj: usize, k: usize) -> (&[u16], usize);
+    }
+
+    /// bf16 weights, read where they are.
+    struct InPlace<'b> {
+        b: &'b [u16],
+        ldb: usize,
+    }
+
+    impl Panels for InPlace<'_> {
+        fn panel(&mut self, j0: usize, _: usize, _: usize) -> (&[u16], usize) {
+            (&self.b[j0 * self.ldb..], self.ldb)
+        }
+    }
+
+    /// [`gemm`] over weights that `b` gives a panel at a time, the activations packed once
+    /// for every panel.
+    ///
+    /// # Safety
+    /// [`super::enable`] returned true; `a` holds `m` rows of `k`, `lda` apart; `c` holds `m`
+    /// rows of `n`, `ldc` apart; every panel `b` gives holds its rows.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn gemm_panels(
+        a: &[u16],
+        lda: usize,
+        b: &mut impl Panels,
+        c: &mut [f32],
+        ldc: usize,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) {
         let kb_n = k.div_ceil(TK);
         let k32 = kb_n * TK;
         let m32 = m.next_multiple_of(2 * TR);
@@ -116,19 +157,21 @@ mod tiles {
             unsafe { configure() };
             for p0 in (0..n).step_by(PANEL) {
                 let p1 = (p0 + PANEL).min(n);
+                let (panel, ldb) = b.panel(p0, p1 - p0, k);
                 for i0 in (0..m32).step_by(2 * TR) {
                     for j0 in (p0..p1).step_by(2 * TR) {
                         let nj = (n - j0).min(2 * TR);
+                        let rows = &panel[(j0 - p0) * ldb..];
                         // Whole blocks read the weights in place; a block past `n` or with a
                         // ragged reduction is copied, zero-padded, first (no read past a row).
                         let (w, ld) = if nj == 2 * TR && k.is_multiple_of(TK) {
-                            (b[j0 * ldb..].as_ptr(), ldb)
+                            (rows.as_ptr(), ldb)
                         } else {
                             edge.clear();
                             edge.resize(2 * TR * k32, 0);
                             for j in 0..nj {
                                 edge[j * k32..j * k32 + k]
-                                    .copy_from_slice(&b[(j0 + j) * ldb..(j0 + j) * ldb + k]);
+                                    .copy_from_slice(&rows[j * ldb..j * ldb + k]);
                             }
                             (edge.as_ptr(), k32)
                         };

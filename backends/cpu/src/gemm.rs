@@ -384,12 +384,8 @@ pub(crate) mod avx512 {
         k: usize,
     ) {
         BF16_SCRATCH.with_borrow_mut(|(a16, panel)| {
-            a16.clear();
-            a16.resize(m * k, 0);
-            for i in 0..m {
-                // SAFETY: row i of `a` holds `k` elements (asserted by the caller).
-                unsafe { round_to_bf16(a.as_ptr().add(i * lda), &mut a16[i * k..(i + 1) * k]) };
-            }
+            // SAFETY: `m` rows of `k` elements, `lda` apart, in `a` (asserted by the caller).
+            unsafe { round_rows_to_bf16(a, lda, m, k, a16) };
             panel.resize(NR * PANEL_LD_BF16 + 32, 0);
             let skip = panel.as_ptr().align_offset(64);
             let panel = &mut panel[skip..skip + NR * PANEL_LD_BF16];
@@ -429,8 +425,55 @@ pub(crate) mod avx512 {
         });
     }
 
+    /// [`crate::amx::gemm`] for `b` in blocks: [`crate::amx::PANEL`] rows at a time
+    /// dequantized and rounded to bf16 ([`dequantize_bf16`]) into a panel that stays in L2
+    /// while every token passes, `a` rounded to bf16 and packed once per call. The roundings
+    /// are [`gemm_dpbf16_blocks`]'; the tiles then do in one instruction what `vdpbf16ps` does
+    /// in sixteen, so dequantizing is most of the cost.
+    ///
+    /// # Safety
+    /// AMX was enabled ([`crate::amx::enable`]); the shapes were asserted by the caller.
+    #[cfg(target_os = "linux")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub(crate) unsafe fn gemm_amx_blocks<A: Element, W: Element>(
+        a: &[A],
+        lda: usize,
+        b: &[W],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) {
+        /// Rows of blocks dequantized to bf16 a panel at a time.
+        struct Dequantized<'b, W> {
+            b: &'b [W],
+            ldb: usize,
+            panel: &'b mut Vec<u16>,
+        }
+        impl<W: Element> crate::amx::Panels for Dequantized<'_, W> {
+            fn panel(&mut self, j0: usize, nj: usize, k: usize) -> (&[u16], usize) {
+                self.panel.resize(nj * k, 0);
+                for (r, row) in self.panel.chunks_exact_mut(k).enumerate() {
+                    // SAFETY: AVX-512 BF16 is present where AMX is; row `j0 + r` of `b` holds
+                    // `k` values from its start.
+                    unsafe { dequantize_bf16(self.b, (j0 + r) * self.ldb, row, None) };
+                }
+                (self.panel, k)
+            }
+        }
+        BF16_SCRATCH.with_borrow_mut(|(a16, panel)| {
+            // SAFETY: `m` rows of `k` elements, `lda` apart, in `a` (asserted by the caller).
+            unsafe { round_rows_to_bf16(a, lda, m, k, a16) };
+            let mut panels = Dequantized { b, ldb, panel };
+            // SAFETY: AMX is enabled (the caller's contract); each panel holds its rows.
+            unsafe { crate::amx::gemm_panels(a16, k, &mut panels, c, ldc, m, n, k) };
+        });
+    }
+
     thread_local! {
-        /// Per-thread operands of [`gemm_dpbf16_blocks`]: `a` in bf16 and the bf16 panel.
+        /// Per-thread operands of the bf16 GEMMs over blocks: `a` in bf16 and the bf16 panel.
         static BF16_SCRATCH: std::cell::RefCell<(Vec<u16>, Vec<u16>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
     }
 
@@ -547,6 +590,27 @@ pub(crate) mod avx512 {
                     }
                 }
             }
+        }
+    }
+
+    /// Rows `0..m` of `a` (`lda` apart, `k` elements each) rounded to bf16, packed `k` apart.
+    ///
+    /// # Safety
+    /// `a` holds the rows.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn round_rows_to_bf16<A: Element>(
+        a: &[A],
+        lda: usize,
+        m: usize,
+        k: usize,
+        a16: &mut Vec<u16>,
+    ) {
+        a16.clear();
+        a16.resize(m * k, 0);
+        for (i, row) in a16.chunks_exact_mut(k).enumerate() {
+            // SAFETY: row i of `a` holds `k` elements (the caller's contract).
+            unsafe { round_to_bf16(a.as_ptr().add(i * lda), row) };
         }
     }
 

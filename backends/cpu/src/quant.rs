@@ -411,7 +411,8 @@ thread_local! {
 /// activations as they are, in f32 sums (unlike the row products, [`rows_q`], nothing is
 /// rounded to 8 bits). On AVX2 and AVX-512 the level's f32 GEMM tiles dequantize each chunk of
 /// a panel of `b` in registers where they would widen a plain one, into L1, and widen `a`
-/// once (the `vdpbf16ps` tile rounds both to bf16 where [`bf16_panels`] allows); elsewhere
+/// once (the `vdpbf16ps` tile rounds both to bf16 where [`bf16_panels`] allows); on AMX a
+/// panel of rows is dequantized to bf16 for the tiles (where [`bf16_panels`] allows); elsewhere
 /// [`PANEL_ROWS`] rows are dequantized at a time for [`crate::gemm_nt`] on f32. With tokens to
 /// share each dequantized row (prefill: an expert's tokens), a tile's multiply-adds cost far
 /// less per weight than an integer dot per token.
@@ -439,9 +440,16 @@ pub fn gemm_blocks<A: Element, Q: Element>(
     crate::gemm::assert_shape("gemm_blocks", lens, [lda, ldb, ldc], [m, n, k]);
     match isa() {
         _ if m < crate::gemm::STREAM_ROWS => {}
+        // SAFETY: `isa()` enabled AMX for the process; the shapes were asserted above.
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        Isa::Amx if bf16_panels::<A, Q>() => {
+            return unsafe {
+                crate::gemm::avx512::gemm_amx_blocks(a, lda, b, ldb, c, ldc, m, n, k)
+            };
+        }
         // SAFETY: the level's features were detected; the shapes were asserted above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Amx | Isa::Avx512Bf16 if bf16_panels::<A, Q>() => {
+        Isa::Amx | Isa::Avx512Bf16 if on_dot_tile() && bf16_panels::<A, Q>() => {
             return unsafe {
                 crate::gemm::avx512::gemm_dpbf16_blocks(a, lda, b, ldb, c, ldc, m, n, k)
             };
@@ -476,22 +484,27 @@ pub fn gemm_blocks<A: Element, Q: Element>(
     });
 }
 
-/// Whether [`gemm_blocks`] runs blocks of `Q` beside activations in `A` on the `vdpbf16ps` tile
-/// (where [`crate::gemm::bf16_tile`] picked it), both operands rounded to bf16: where that
-/// loses nothing (MXFP4's values, two significant bits times a power of two, beside a bf16
-/// activation) or where the format admits the rounding ([`gemm_rounds_to_bf16`]).
+/// Whether [`gemm_blocks`] may round blocks of `Q` and activations in `A` to bf16 (AMX tiles
+/// or the `vdpbf16ps` tile): where that loses nothing (MXFP4's values, two significant bits
+/// times a power of two, beside a bf16 activation) or where the format admits the rounding.
 fn bf16_panels<A: Element, Q: Element>() -> bool {
     use moek_ir::{BlockFormat, DType, Kind};
     let exact = Q::FORMAT == BlockFormat::Mxfp4 && A::KIND == Kind::Plain(DType::Bf16);
-    on_dot_tile() && (exact || admits_bf16(Q::FORMAT))
+    exact || admits_bf16(Q::FORMAT)
 }
 
 /// Whether [`gemm_blocks`] over `format`'s blocks rounds the weights' values and the
-/// activations to bf16 (to nearest even, at most 2^-9 of a value) in this process: on the
-/// `vdpbf16ps` tile, for the formats that admit it ([`admits_bf16`]). Elsewhere the GEMM
-/// rounds nothing but its f32 sums.
+/// activations to bf16 (to nearest even, at most 2^-9 of a value) in this process: on AMX and
+/// on the `vdpbf16ps` tile, for the formats that admit it ([`admits_bf16`]). Elsewhere the
+/// GEMM rounds nothing but its f32 sums.
 pub fn gemm_rounds_to_bf16(format: moek_ir::BlockFormat) -> bool {
-    on_dot_tile() && admits_bf16(format)
+    rounds_to_bf16() && admits_bf16(format)
+}
+
+/// Whether this process's GEMM over blocks runs on bf16 tiles (AMX, or `vdpbf16ps` where
+/// [`crate::gemm::bf16_tile`] picked it).
+fn rounds_to_bf16() -> bool {
+    isa() == Isa::Amx || on_dot_tile()
 }
 
 /// Whether `format`'s tolerance already admits rounding the activation to 8 bits (Q8_0, Q4_0:
@@ -689,21 +702,22 @@ mod tests {
 
     /// The GEMM over blocks against f64 sums of the dequantized weights and the activations:
     /// nothing is rounded but the f32 sums, held to the classical bound of `k` f32 additions
-    /// (`k u` times the sum of the products' magnitudes), except where the bf16 tile runs
-    /// (`bf16_panels`): there the reference rounds both operands to bf16 first, as the tile
-    /// does. One row (the panel path), 5 and 70 rows (the level's tiles, an edge tile, more
-    /// than one block of rows on AVX2), a reduction over more than one chunk of the tiles, rows
-    /// longer than the reduction, a bf16 activation.
+    /// (`k u` times the sum of the products' magnitudes), except where bf16 tiles run (AMX or
+    /// `vdpbf16ps`, for `bf16_panels`): there the reference rounds both operands to bf16 first,
+    /// as the tiles do. One row (the panel path), 5 and 70 rows (the level's tiles, an edge
+    /// tile, more than one block of rows on AVX2 and AMX), 150 columns (more than one AMX
+    /// panel, an edge block), a reduction over more than one chunk of the tiles, rows longer
+    /// than the reduction, a bf16 activation.
     #[test]
     fn gemm_over_blocks_matches_the_dequantized_sums() {
-        fn check<Q: Element, A: Element>(m: usize) {
-            let (n, k, ldb) = (13, 40 * Q::VALUES, 41 * Q::VALUES);
+        fn check<Q: Element, A: Element>(m: usize, n: usize) {
+            let (k, ldb) = (40 * Q::VALUES, 41 * Q::VALUES);
             let w: Vec<Q> = quantize(&values(n * ldb, 3));
             let a: Vec<A> = values(m * k, 4).into_iter().map(A::from_f32).collect();
             let wd = dequantize(&w);
             let mut c = vec![1f32; m * n];
             gemm_blocks(&a, k, &w, ldb, &mut c, n, m, n, k);
-            let panels = bf16_panels::<A, Q>() && m >= crate::gemm::STREAM_ROWS;
+            let panels = rounds_to_bf16() && bf16_panels::<A, Q>() && m >= crate::gemm::STREAM_ROWS;
             let r = |v: f32| match panels {
                 true => f64::from(half::bf16::from_f32(v)),
                 false => f64::from(v),
@@ -723,12 +737,12 @@ mod tests {
                 }
             }
         }
-        for m in [1, 5, 70] {
-            check::<BlockQ8<1>, f32>(m);
-            check::<BlockQ4<1>, half::bf16>(m);
-            check::<BlockQ4<8>, f32>(m);
-            check::<BlockQ8<4>, half::bf16>(m);
-            check::<BlockMxfp4, half::bf16>(m);
+        for (m, n) in [(1, 13), (5, 13), (70, 13), (40, 150)] {
+            check::<BlockQ8<1>, f32>(m, n);
+            check::<BlockQ4<1>, half::bf16>(m, n);
+            check::<BlockQ4<8>, f32>(m, n);
+            check::<BlockQ8<4>, half::bf16>(m, n);
+            check::<BlockMxfp4, half::bf16>(m, n);
         }
     }
 
