@@ -180,7 +180,7 @@ impl Runtime for Cpu {
     /// The dtype's, except for quantized weights multiplied as GEMM operands (tokens grouped
     /// by expert): those are dequantized exactly beside an activation that is never rounded to
     /// 8 bits, so f32 accumulation is all that remains, held to f32's limits as on wgpu; where
-    /// this process's GEMM rounds both operands to bf16 instead (the `vdpbf16ps` tile), to
+    /// this process's GEMM rounds both operands to bf16 instead (AMX or the `vdpbf16ps` tile), to
     /// bf16's limits, the rounding the plain bf16 variants carry.
     fn tolerance(&self, kernel: &Kernel, dtype: DType) -> Tolerance {
         let gemm = !moek_ir::cpu::Skeleton::of(kernel).reads_weights_apart();

@@ -3,7 +3,7 @@
 //! Measured on this project's machines: about 1.7 TMAC/s per core from registers, sixteen times
 //! the two f32 FMA ports; prefill's GEMMs become a matter of feeding the tiles. bf16 weights
 //! load into tiles in place, weights in blocks from a panel dequantized to bf16 in L2
-//! ([`Panels`]); activations are packed once per call. Each 32 x 32 output block keeps four
+//! ([`WeightPanels`]); activations are packed once per call. Each 32 x 32 output block keeps four
 //! accumulator tiles over the whole reduction, so every output's partial is one f32 sum from
 //! zero, added to `c` at the end (as the other paths do).
 //! Rust has no stable AMX intrinsics: the four instructions used are written as `asm!`.
@@ -46,7 +46,7 @@ pub fn enable() -> bool {
 pub(crate) const PANEL: usize = 128;
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-pub(crate) use tiles::{Panels, configure, gemm, gemm_panels, release};
+pub(crate) use tiles::{WeightPanels, configure, gemm, gemm_panels, release};
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod tiles {
@@ -113,7 +113,7 @@ mod tiles {
     }
 
     /// Weight rows for the tiles, [`PANEL`] at a time.
-    pub(crate) trait Panels {
+    pub(crate) trait WeightPanels {
         /// Rows `j0..j0 + nj` of the weights as bf16 bits, `k` values each, and their stride.
         fn panel(&mut self, j0: usize, nj: usize, k: usize) -> (&[u16], usize);
     }
@@ -124,7 +124,7 @@ mod tiles {
         ldb: usize,
     }
 
-    impl Panels for InPlace<'_> {
+    impl WeightPanels for InPlace<'_> {
         fn panel(&mut self, j0: usize, _: usize, _: usize) -> (&[u16], usize) {
             (&self.b[j0 * self.ldb..], self.ldb)
         }
@@ -140,7 +140,7 @@ mod tiles {
     pub(crate) unsafe fn gemm_panels(
         a: &[u16],
         lda: usize,
-        b: &mut impl Panels,
+        b: &mut impl WeightPanels,
         c: &mut [f32],
         ldc: usize,
         m: usize,
@@ -158,9 +158,15 @@ mod tiles {
             for p0 in (0..n).step_by(PANEL) {
                 let p1 = (p0 + PANEL).min(n);
                 let (panel, ldb) = b.panel(p0, p1 - p0, k);
+                assert!(
+                    ldb >= k && panel.len() >= (p1 - p0 - 1) * ldb + k,
+                    "a panel of {} rows of {k} in {} values, {ldb} apart",
+                    p1 - p0,
+                    panel.len()
+                );
                 for i0 in (0..m32).step_by(2 * TR) {
                     for j0 in (p0..p1).step_by(2 * TR) {
-                        let nj = (n - j0).min(2 * TR);
+                        let nj = (p1 - j0).min(2 * TR);
                         let rows = &panel[(j0 - p0) * ldb..];
                         // Whole blocks read the weights in place; a block past `n` or with a
                         // ragged reduction is copied, zero-padded, first (no read past a row).
@@ -183,11 +189,12 @@ mod tiles {
                         let mi = (m - i0).min(2 * TR);
                         for (q, tile) in out.chunks_exact(TR * TR).enumerate() {
                             let (rj, ci) = ((q / 2) * TR, (q % 2) * TR);
-                            for jj in rj..nj.min(rj + TR) {
-                                let trow = &tile[(jj - rj) * TR..];
-                                for ii in ci..mi.min(ci + TR) {
-                                    c[(i0 + ii) * ldc + j0 + jj] += trow[ii - ci];
-                                }
+                            let (rows, cols) = (mi.saturating_sub(ci), nj.saturating_sub(rj));
+                            if rows > 0 && cols > 0 {
+                                let at = (i0 + ci) * ldc + j0 + rj;
+                                // SAFETY: AVX-512 is present where AMX is; `c` holds `rows`
+                                // rows of `cols` from `at`, `ldc` apart.
+                                unsafe { add_transposed(tile, &mut c[at..], ldc, rows, cols) };
                             }
                         }
                     }
@@ -217,7 +224,8 @@ mod tiles {
     }
 
     /// Packs activations into tiles of the second operand: tile `(it, kb)` holds, in its row
-    /// `r`, the pairs `a[it*16 + ii][kb*32 + 2r .. + 2]` for `ii < 16` (zero past `m` or `k`).
+    /// `r`, the pairs `a[it*16 + ii][kb*32 + 2r .. + 2]` for `ii < 16` (zero past `m` or `k`):
+    /// the transpose of 16 rows' 16 pairs, one [`transpose`] a tile.
     fn pack_a(
         a: &[u16],
         lda: usize,
@@ -229,14 +237,97 @@ mod tiles {
     ) {
         ap.clear();
         ap.resize(m32 / TR * kb_n * TILE, 0);
-        for i in 0..m {
-            let row = &a[i * lda..i * lda + k];
-            let base = (i / TR) * kb_n * TILE + i % TR;
-            for (p, pair) in row.chunks(2).enumerate() {
-                let v = u32::from(pair[0]) | pair.get(1).map_or(0, |&h| u32::from(h) << 16);
-                ap[base + (p / TR) * TILE + (p % TR) * TR] = v;
+        for it in 0..m.div_ceil(TR) {
+            for kb in 0..kb_n {
+                let len = (k - kb * TK).min(TK);
+                let tile = &mut ap[(it * kb_n + kb) * TILE..][..TILE];
+                // SAFETY: AVX-512 is present where AMX is; each row read holds `len` values
+                // from `kb * TK` (rows past `m` are not read).
+                unsafe { pack_tile(a, lda, it * TR, (m - it * TR).min(TR), kb * TK, len, tile) };
             }
         }
+    }
+
+    /// One packed tile: rows `i..i + rows` of `a`, values `p..p + len`, as 16 rows of 16
+    /// pairs transposed into `tile`.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn pack_tile(
+        a: &[u16],
+        lda: usize,
+        i: usize,
+        rows: usize,
+        p: usize,
+        len: usize,
+        tile: &mut [u32],
+    ) {
+        use std::arch::x86_64::*;
+        let mask = u32::MAX >> (32 - len);
+        let v: [__m512i; TR] = std::array::from_fn(|r| match r < rows {
+            // SAFETY: row `i + r` holds `len` values from `p` (the caller's contract); the
+            // masked lanes are not read.
+            true => unsafe {
+                _mm512_maskz_loadu_epi16(mask, a.as_ptr().add((i + r) * lda + p).cast())
+            },
+            false => _mm512_setzero_si512(),
+        });
+        for (r, row) in transpose(v).iter().enumerate() {
+            // SAFETY: `tile` holds 16 rows of 16 u32.
+            unsafe { _mm512_storeu_si512(tile.as_mut_ptr().add(r * TR).cast(), *row) };
+        }
+    }
+
+    /// `c[i][j] += tile[j][i]` for `i < rows`, `j < cols` (rows of `c` `ldc` apart): a tile of
+    /// `c^T` added where it belongs, a row of 16 at a time.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn add_transposed(tile: &[f32], c: &mut [f32], ldc: usize, rows: usize, cols: usize) {
+        use std::arch::x86_64::*;
+        // SAFETY: `tile` holds 16 rows of 16; `c` holds `rows` rows of `cols` (the caller's
+        // contract); masked lanes are not touched.
+        unsafe {
+            let t: [__m512i; TR] =
+                std::array::from_fn(|r| _mm512_loadu_si512(tile.as_ptr().add(r * TR).cast()));
+            let mask = crate::dot::avx512::mask16(cols);
+            for (i, row) in transpose(t).iter().take(rows).enumerate() {
+                let dst = c.as_mut_ptr().add(i * ldc);
+                let sum =
+                    _mm512_add_ps(_mm512_maskz_loadu_ps(mask, dst), _mm512_castsi512_ps(*row));
+                _mm512_mask_storeu_ps(dst, mask, sum);
+            }
+        }
+    }
+
+    /// The transpose of a 16 x 16 matrix of 32-bit values, a row a register: pairs of rows
+    /// interleaved by 32 then 64 bits (4 x 4 blocks transposed within each 128-bit lane), then
+    /// the lanes gathered by two rounds of lane shuffles.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn transpose(r: [std::arch::x86_64::__m512i; TR]) -> [std::arch::x86_64::__m512i; TR] {
+        use std::arch::x86_64::*;
+        let t: [__m512i; TR] = std::array::from_fn(|x| match x % 2 {
+            0 => _mm512_unpacklo_epi32(r[x], r[x + 1]),
+            _ => _mm512_unpackhi_epi32(r[x - 1], r[x]),
+        });
+        // u[4g + c] holds, in lane L, column 4L + c of rows 4g..4g + 4.
+        let u: [__m512i; TR] = std::array::from_fn(|x| {
+            let (g, c) = (x / 4 * 4, x % 4);
+            let (lo, hi) = (t[g + c / 2], t[g + c / 2 + 2]);
+            match c % 2 {
+                0 => _mm512_unpacklo_epi64(lo, hi),
+                _ => _mm512_unpackhi_epi64(lo, hi),
+            }
+        });
+        let mut out = [_mm512_setzero_si512(); TR];
+        for c in 0..4 {
+            let s = _mm512_shuffle_i32x4::<0x44>(u[c], u[4 + c]);
+            let s2 = _mm512_shuffle_i32x4::<0xee>(u[c], u[4 + c]);
+            let w = _mm512_shuffle_i32x4::<0x44>(u[8 + c], u[12 + c]);
+            let w2 = _mm512_shuffle_i32x4::<0xee>(u[8 + c], u[12 + c]);
+            out[c] = _mm512_shuffle_i32x4::<0x88>(s, w);
+            out[4 + c] = _mm512_shuffle_i32x4::<0xdd>(s, w);
+            out[8 + c] = _mm512_shuffle_i32x4::<0x88>(s2, w2);
+            out[12 + c] = _mm512_shuffle_i32x4::<0xdd>(s2, w2);
+        }
+        out
     }
 
     /// One 32 x 32 block of `c^T` over the whole reduction: tiles 0-3 accumulate, 4-5 hold two

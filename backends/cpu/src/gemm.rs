@@ -428,8 +428,8 @@ pub(crate) mod avx512 {
     /// [`crate::amx::gemm`] for `b` in blocks: [`crate::amx::PANEL`] rows at a time
     /// dequantized and rounded to bf16 ([`dequantize_bf16`]) into a panel that stays in L2
     /// while every token passes, `a` rounded to bf16 and packed once per call. The roundings
-    /// are [`gemm_dpbf16_blocks`]'; the tiles then do in one instruction what `vdpbf16ps` does
-    /// in sixteen, so dequantizing is most of the cost.
+    /// are [`gemm_dpbf16_blocks`]'; the tiles multiply eight times as much a cycle as
+    /// `vdpbf16ps`, so dequantizing is most of the cost.
     ///
     /// # Safety
     /// AMX was enabled ([`crate::amx::enable`]); the shapes were asserted by the caller.
@@ -452,7 +452,7 @@ pub(crate) mod avx512 {
             ldb: usize,
             panel: &'b mut Vec<u16>,
         }
-        impl<W: Element> crate::amx::Panels for Dequantized<'_, W> {
+        impl<W: Element> crate::amx::WeightPanels for Dequantized<'_, W> {
             fn panel(&mut self, j0: usize, nj: usize, k: usize) -> (&[u16], usize) {
                 self.panel.resize(nj * k, 0);
                 for (r, row) in self.panel.chunks_exact_mut(k).enumerate() {

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
-    /// AVX-512 as below, plus AMX tiles (`tdpbf16ps`) for bf16 GEMMs.
+    /// AVX-512 as below, plus AMX tiles (`tdpbf16ps`) for bf16 GEMMs and GEMMs over blocks.
     Amx,
     /// AVX-512 F/BW/VL with BF16 dot products (`vdpbf16ps`), VNNI byte dot products
     /// (`vpdpbusd`: every CPU with AVX-512 BF16 has them) and 16-bit conversion.

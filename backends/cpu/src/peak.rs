@@ -49,7 +49,7 @@ impl Mac {
 }
 
 /// Instructions a chain issues per round: a few milliseconds a thread (AMX: 6 x 2^18 tile
-/// products at 16 cycles each, about 15 ms).
+/// products at 16 cycles each, about 7 ms at 3.4 GHz).
 const STEPS: usize = 1 << 18;
 
 /// GFLOP/s of `threads` tasks on the pool, each issuing `mac` in [`Mac::chains`] chains: the

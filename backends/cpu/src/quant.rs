@@ -428,7 +428,7 @@ pub fn gemm_blocks<A: Element, Q: Element>(
     n: usize,
     k: usize,
 ) {
-    if m == 0 || n == 0 {
+    if m == 0 || n == 0 || k == 0 {
         return;
     }
     let v = Q::VALUES;
@@ -449,7 +449,7 @@ pub fn gemm_blocks<A: Element, Q: Element>(
         }
         // SAFETY: the level's features were detected; the shapes were asserted above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Amx | Isa::Avx512Bf16 if on_dot_tile() && bf16_panels::<A, Q>() => {
+        Isa::Avx512Bf16 if on_dot_tile() && bf16_panels::<A, Q>() => {
             return unsafe {
                 crate::gemm::avx512::gemm_dpbf16_blocks(a, lda, b, ldb, c, ldc, m, n, k)
             };
@@ -498,12 +498,12 @@ fn bf16_panels<A: Element, Q: Element>() -> bool {
 /// on the `vdpbf16ps` tile, for the formats that admit it ([`admits_bf16`]). Elsewhere the
 /// GEMM rounds nothing but its f32 sums.
 pub fn gemm_rounds_to_bf16(format: moek_ir::BlockFormat) -> bool {
-    rounds_to_bf16() && admits_bf16(format)
+    on_bf16_tiles() && admits_bf16(format)
 }
 
 /// Whether this process's GEMM over blocks runs on bf16 tiles (AMX, or `vdpbf16ps` where
 /// [`crate::gemm::bf16_tile`] picked it).
-fn rounds_to_bf16() -> bool {
+fn on_bf16_tiles() -> bool {
     isa() == Isa::Amx || on_dot_tile()
 }
 
@@ -717,7 +717,7 @@ mod tests {
             let wd = dequantize(&w);
             let mut c = vec![1f32; m * n];
             gemm_blocks(&a, k, &w, ldb, &mut c, n, m, n, k);
-            let panels = rounds_to_bf16() && bf16_panels::<A, Q>() && m >= crate::gemm::STREAM_ROWS;
+            let panels = on_bf16_tiles() && bf16_panels::<A, Q>() && m >= crate::gemm::STREAM_ROWS;
             let r = |v: f32| match panels {
                 true => f64::from(half::bf16::from_f32(v)),
                 false => f64::from(v),

@@ -38,8 +38,8 @@ pub struct Figures {
     pub prefill_gflops: f64,
     pub gemm_crate_gflops: f64,
     pub prefill_ratio: f64,
-    /// The ISA's bf16 GEMM peak on these threads, timed (`vdpbf16ps` where the bf16 GEMM runs
-    /// on it: `moek_cpu::peak`), and the prefill's share.
+    /// The ISA's bf16 GEMM peak on these threads, timed on the instruction the bf16 GEMM runs
+    /// on (`tdpbf16ps`, `vdpbf16ps` or FMAs: `moek_cpu::peak`), and the prefill's share.
     pub isa_peak_gflops: f64,
     pub prefill_peak_ratio: f64,
 }

@@ -43,8 +43,8 @@ pub struct ModelFigures {
     pub prefill_tokens_per_s: f64,
     /// FLOPs of the prefill (matrix products, attention, LM head row) over its median time.
     pub prefill_gflops: f64,
-    /// The ISA's peak bf16 GEMM rate on all threads, timed (`vdpbf16ps` where the bf16 GEMM
-    /// runs on it: `moek_cpu::peak`).
+    /// The ISA's peak bf16 GEMM rate on all threads, timed on the instruction the bf16 GEMM
+    /// runs on (`tdpbf16ps`, `vdpbf16ps` or FMAs: `moek_cpu::peak`).
     pub isa_peak_gflops: f64,
     /// The f32 FMA peak beside it.
     pub f32_peak_gflops: f64,
