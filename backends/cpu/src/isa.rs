@@ -61,10 +61,7 @@ impl Isa {
     /// with ([`Isa::gemm_mac`]); the nominal rate at the reported clock ([`nominal_ghz`]) on the
     /// portable path.
     pub fn peak_gflops(self, threads: usize) -> f64 {
-        self.gemm_mac().map_or_else(
-            || 2.0 * self.f32_macs_per_cycle() * nominal_ghz() * threads as f64,
-            |mac| crate::peak::gflops(mac, threads),
-        )
+        self.timed_or_nominal(self.gemm_mac(), threads)
     }
 
     /// The instruction this level's bf16 GEMM multiplies with: AMX tiles, `vdpbf16ps` where
@@ -81,7 +78,12 @@ impl Isa {
 
     /// Peak f32 FMA GFLOP/s of `threads` cores, printed beside the above: timed as it is.
     pub fn f32_peak_gflops(self, threads: usize) -> f64 {
-        self.f32_mac().map_or_else(
+        self.timed_or_nominal(self.f32_mac(), threads)
+    }
+
+    /// GFLOP/s of `threads` cores: `mac` timed, or without one the nominal f32 rate.
+    fn timed_or_nominal(self, mac: Option<Mac>, threads: usize) -> f64 {
+        mac.map_or_else(
             || 2.0 * self.f32_macs_per_cycle() * nominal_ghz() * threads as f64,
             |mac| crate::peak::gflops(mac, threads),
         )

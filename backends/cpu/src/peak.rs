@@ -120,6 +120,18 @@ mod x86 {
     /// Runs `$op` on the accumulators `$r` (zeroed first) [`STEPS`] times, its operands in the
     /// registers `$a` and `$b` holding `$av` and `$bv`.
     macro_rules! chains {
+        // The 512-bit instructions' sixteen accumulators.
+        ($op:literal, $a:tt = $av:expr, $b:tt = $bv:expr, zmm16) => {
+            chains!(
+                $op,
+                $a = $av,
+                $b = $bv,
+                [
+                    "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8",
+                    "zmm9", "zmm10", "zmm11", "zmm12", "zmm13", "zmm14", "zmm15"
+                ]
+            )
+        };
         ($op:literal, $a:tt = $av:expr, $b:tt = $bv:expr, [$($r:tt),*]) => {
             // SAFETY: registers only, no memory; every register written is declared clobbered.
             unsafe {
@@ -143,15 +155,7 @@ mod x86 {
     pub(super) unsafe fn dpbf16() {
         // bf16 pairs of 1.0 and 2^-20: the sums grow by 2^-19 a step.
         let (a, b) = (_mm512_set1_epi16(0x3f80), _mm512_set1_epi16(0x3580));
-        chains!(
-            "vdpbf16ps",
-            "zmm30" = a,
-            "zmm31" = b,
-            [
-                "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9",
-                "zmm10", "zmm11", "zmm12", "zmm13", "zmm14", "zmm15"
-            ]
-        );
+        chains!("vdpbf16ps", "zmm30" = a, "zmm31" = b, zmm16);
     }
 
     #[target_feature(enable = "avx512f")]
@@ -160,10 +164,7 @@ mod x86 {
             "vfmadd231ps",
             "zmm30" = _mm512_set1_ps(1.0),
             "zmm31" = _mm512_set1_ps(1e-6),
-            [
-                "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9",
-                "zmm10", "zmm11", "zmm12", "zmm13", "zmm14", "zmm15"
-            ]
+            zmm16
         );
     }
 
