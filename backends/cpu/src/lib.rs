@@ -25,6 +25,8 @@ pub mod scratch;
 pub mod skeleton;
 #[cfg(target_arch = "x86_64")]
 pub mod vnni;
+#[cfg(target_arch = "x86_64")]
+mod vnni_gemm;
 
 pub use activation::{gelu_tanh, silu, softcap, softcap_slice, swiglu_clamped};
 pub use axpy::axpy;

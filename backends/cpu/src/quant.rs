@@ -449,6 +449,11 @@ pub fn gemm_blocks<A: Element, Q: Element>(
         }
         // SAFETY: the level's features were detected; the shapes were asserted above.
         #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Bf16 if on_integer_gemm::<Q>() => {
+            return unsafe { crate::vnni_gemm::gemm(a, lda, b, ldb, c, ldc, m, n, k) };
+        }
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
         Isa::Avx512Bf16 if on_dot_tile() && bf16_panels::<A, Q>() => {
             return unsafe {
                 crate::gemm::avx512::gemm_dpbf16_blocks(a, lda, b, ldb, c, ldc, m, n, k)
@@ -512,6 +517,29 @@ fn on_bf16_tiles() -> bool {
 fn admits_bf16(format: moek_ir::BlockFormat) -> bool {
     use moek_ir::{DType, tolerance::unit_roundoff};
     DType::quantized(format, DType::F32).is_some_and(|d| unit_roundoff(d) >= 2f64.powi(-9))
+}
+
+/// Whether [`gemm_blocks`] over `Q` multiplies in integers ([`crate::vnni_gemm`]) in this
+/// process (on a GEMM's worth of rows).
+fn integer_gemm<Q: Element>() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return isa() == Isa::Avx512Bf16 && on_integer_gemm::<Q>();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether [`gemm_blocks`] over `Q` multiplies in integers ([`crate::vnni_gemm`]) in this
+/// process: Q8_0 and Q4_0 on the AVX-512 level, unless `MOEK_CPU_QUANT_GEMM=float` keeps them
+/// on the float tiles (for the A/B).
+#[cfg(target_arch = "x86_64")]
+fn on_integer_gemm<Q: Element>() -> bool {
+    static INTEGER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    crate::vnni_gemm::multiplies::<Q>()
+        && *INTEGER.get_or_init(|| match std::env::var("MOEK_CPU_QUANT_GEMM").as_deref() {
+            Ok("float") => false,
+            Ok("int") | Ok("auto") | Ok("") | Err(_) => true,
+            Ok(other) => panic!("MOEK_CPU_QUANT_GEMM={other}: expected `int`, `float` or `auto`"),
+        })
 }
 
 /// Whether this process's bf16 GEMM tile is `vdpbf16ps`.
@@ -704,7 +732,8 @@ mod tests {
     /// nothing is rounded but the f32 sums, held to the classical bound of `k` f32 additions
     /// (`k u` times the sum of the products' magnitudes), except where bf16 tiles run (AMX or
     /// `vdpbf16ps`, for `bf16_panels`): there the reference rounds both operands to bf16 first,
-    /// as the tiles do. One row (the panel path), 5 and 70 rows (the level's tiles, an edge
+    /// as the tiles do; and where the integer GEMM runs (Q8_0 and Q4_0 on AVX-512), whose
+    /// activation is the row products' 8-bit one. One row (the panel path), 5 and 70 rows (the level's tiles, an edge
     /// tile, more than one block of rows on AVX2 and AMX), 150 columns (more than one AMX
     /// panel, an edge block), a reduction over more than one chunk of the tiles, rows longer
     /// than the reduction, a bf16 activation.
@@ -717,14 +746,23 @@ mod tests {
             let wd = dequantize(&w);
             let mut c = vec![1f32; m * n];
             gemm_blocks(&a, k, &w, ldb, &mut c, n, m, n, k);
-            let panels = on_bf16_tiles() && bf16_panels::<A, Q>() && m >= crate::gemm::STREAM_ROWS;
+            let tiles = m >= crate::gemm::STREAM_ROWS;
+            let integer = tiles && integer_gemm::<Q>();
+            let panels = tiles && !integer && on_bf16_tiles() && bf16_panels::<A, Q>();
             let r = |v: f32| match panels {
                 true => f64::from(half::bf16::from_f32(v)),
                 false => f64::from(v),
             };
+            // The activation as the integer GEMM multiplies it: 8 bits a value, per group.
+            let mut xq = QuantizedActivation::default();
             for i in 0..m {
+                xq.quantize(&a[i * k..(i + 1) * k]);
+                let x = |p: usize| match integer {
+                    true => f64::from(xq.scales[p / GROUP]) * f64::from(xq.values[p]),
+                    false => r(a[i * k + p].to_f32()),
+                };
                 for j in 0..n {
-                    let terms = (0..k).map(|p| r(a[i * k + p].to_f32()) * r(wd[j * ldb + p]));
+                    let terms = (0..k).map(|p| x(p) * r(wd[j * ldb + p]));
                     let want: f64 = 1.0 + terms.clone().sum::<f64>();
                     let bound =
                         (k + 1) as f64 * 2f64.powi(-24) * (1.0 + terms.map(f64::abs).sum::<f64>());
