@@ -178,22 +178,25 @@ impl Runtime for Cpu {
     }
 
     /// The dtype's, except for quantized weights multiplied as GEMM operands (tokens grouped
-    /// by expert): those are dequantized exactly beside an activation that is never rounded to
-    /// 8 bits, so f32 accumulation is all that remains, held to f32's limits as on wgpu; where
-    /// this process's GEMM rounds both operands to bf16 instead (AMX or the `vdpbf16ps` tile), to
-    /// bf16's limits, the rounding the plain bf16 variants carry.
+    /// by expert), by what this process's GEMM over blocks rounds: where it dequantizes them
+    /// exactly beside an activation that is never rounded, f32 accumulation is all that
+    /// remains, held to f32's limits as on wgpu; where it rounds both operands to bf16 (AMX or
+    /// the `vdpbf16ps` tile), to bf16's limits, the rounding the plain bf16 variants carry;
+    /// where it multiplies in integers, the dtype's own, as the row products.
     fn tolerance(&self, kernel: &Kernel, dtype: DType) -> Tolerance {
-        let gemm = !moek_ir::cpu::Skeleton::of(kernel).reads_weights_apart();
         #[cfg(feature = "cpu")]
-        let rounds = dtype
-            .blocks()
-            .is_some_and(moek_cpu::quant::gemm_rounds_to_bf16);
-        #[cfg(not(feature = "cpu"))]
-        let rounds = false;
-        match (dtype.is_quantized() && gemm, rounds) {
-            (true, true) => tolerance(DType::Bf16),
-            (true, false) => tolerance(DType::F32),
-            (false, _) => tolerance(dtype),
+        use moek_cpu::quant::{GemmRounding, gemm_rounding};
+        let gemm = !moek_ir::cpu::Skeleton::of(kernel).reads_weights_apart();
+        match dtype.blocks().filter(|_| gemm) {
+            None => tolerance(dtype),
+            #[cfg(feature = "cpu")]
+            Some(format) => match gemm_rounding(format) {
+                GemmRounding::Nothing => tolerance(DType::F32),
+                GemmRounding::Bf16 => tolerance(DType::Bf16),
+                GemmRounding::Activation8 => tolerance(dtype),
+            },
+            #[cfg(not(feature = "cpu"))]
+            Some(_) => tolerance(DType::F32),
         }
     }
 

@@ -449,7 +449,7 @@ pub fn gemm_blocks<A: Element, Q: Element>(
         }
         // SAFETY: the level's features were detected; the shapes were asserted above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Bf16 if on_integer_gemm::<Q>() => {
+        Isa::Avx512Bf16 if integer_gemm(Q::FORMAT) => {
             return unsafe { crate::vnni_gemm::gemm(a, lda, b, ldb, c, ldc, m, n, k) };
         }
         // SAFETY: as above.
@@ -498,12 +498,28 @@ fn bf16_panels<A: Element, Q: Element>() -> bool {
     exact || admits_bf16(Q::FORMAT)
 }
 
-/// Whether [`gemm_blocks`] over `format`'s blocks rounds the weights' values and the
-/// activations to bf16 (to nearest even, at most 2^-9 of a value) in this process: on AMX and
-/// on the `vdpbf16ps` tile, for the formats that admit it ([`admits_bf16`]). Elsewhere the
-/// GEMM rounds nothing but its f32 sums.
-pub fn gemm_rounds_to_bf16(format: moek_ir::BlockFormat) -> bool {
-    on_bf16_tiles() && admits_bf16(format)
+/// What [`gemm_blocks`] rounds beyond its f32 sums, by where it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmRounding {
+    /// Nothing: the weights' exact values against the activation as it is (the f32 tiles).
+    Nothing,
+    /// Both operands to bf16, to nearest even, at most 2^-9 of a value (AMX tiles and the
+    /// `vdpbf16ps` tile, for the formats that admit it: [`admits_bf16`]).
+    Bf16,
+    /// The activation to 8 bits a value per group of 32, as the row products do (the integer
+    /// GEMM, [`crate::vnni_gemm`]): within the format's own tolerance.
+    Activation8,
+}
+
+/// What [`gemm_blocks`] over `format`'s blocks rounds in this process (on a GEMM's worth of
+/// rows; fewer take the row products, which round as [`GemmRounding::Activation8`] for Q8_0 and
+/// Q4_0 and nothing for MXFP4).
+pub fn gemm_rounding(format: moek_ir::BlockFormat) -> GemmRounding {
+    match isa() {
+        Isa::Avx512Bf16 if integer_gemm(format) => GemmRounding::Activation8,
+        Isa::Amx | Isa::Avx512Bf16 if on_bf16_tiles() && admits_bf16(format) => GemmRounding::Bf16,
+        _ => GemmRounding::Nothing,
+    }
 }
 
 /// Whether this process's GEMM over blocks runs on bf16 tiles (AMX, or `vdpbf16ps` where
@@ -519,25 +535,16 @@ fn admits_bf16(format: moek_ir::BlockFormat) -> bool {
     DType::quantized(format, DType::F32).is_some_and(|d| unit_roundoff(d) >= 2f64.powi(-9))
 }
 
-/// Whether [`gemm_blocks`] over `Q` multiplies in integers ([`crate::vnni_gemm`]) in this
-/// process (on a GEMM's worth of rows).
-fn integer_gemm<Q: Element>() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return isa() == Isa::Avx512Bf16 && on_integer_gemm::<Q>();
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-/// Whether [`gemm_blocks`] over `Q` multiplies in integers ([`crate::vnni_gemm`]) in this
-/// process: Q8_0 and Q4_0 on the AVX-512 level, unless `MOEK_CPU_QUANT_GEMM=float` keeps them
-/// on the float tiles (for the A/B).
-#[cfg(target_arch = "x86_64")]
-fn on_integer_gemm<Q: Element>() -> bool {
+/// Whether [`gemm_blocks`] over `format`'s blocks multiplies in integers on the AVX-512 level
+/// ([`crate::vnni_gemm`]): Q8_0 and Q4_0, unless `MOEK_CPU_QUANT_GEMM=float` keeps them on the
+/// float tiles (for the A/B in docs/performance.md).
+fn integer_gemm(format: moek_ir::BlockFormat) -> bool {
     static INTEGER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    crate::vnni_gemm::multiplies::<Q>()
+    cfg!(target_arch = "x86_64")
+        && format != moek_ir::BlockFormat::Mxfp4
         && *INTEGER.get_or_init(|| match std::env::var("MOEK_CPU_QUANT_GEMM").as_deref() {
             Ok("float") => false,
-            Ok("int") | Ok("auto") | Ok("") | Err(_) => true,
+            Ok("int" | "auto" | "") | Err(_) => true,
             Ok(other) => panic!("MOEK_CPU_QUANT_GEMM={other}: expected `int`, `float` or `auto`"),
         })
 }
@@ -747,7 +754,8 @@ mod tests {
             let mut c = vec![1f32; m * n];
             gemm_blocks(&a, k, &w, ldb, &mut c, n, m, n, k);
             let tiles = m >= crate::gemm::STREAM_ROWS;
-            let integer = tiles && integer_gemm::<Q>();
+            let rounding = gemm_rounding(Q::FORMAT);
+            let integer = tiles && rounding == GemmRounding::Activation8;
             let panels = tiles && !integer && on_bf16_tiles() && bf16_panels::<A, Q>();
             let r = |v: f32| match panels {
                 true => f64::from(half::bf16::from_f32(v)),

@@ -54,11 +54,6 @@ fn layout(format: BlockFormat) -> Option<Layout> {
     }
 }
 
-/// Whether [`gemm`] multiplies blocks of `Q`.
-pub(crate) fn multiplies<Q: Element>() -> bool {
-    Q::VALUES > 1 && layout(Q::FORMAT).is_some()
-}
-
 /// Per-thread operands: the activation rows quantized, their groups' bias sums, the panel.
 #[derive(Default)]
 struct Scratch {
@@ -79,8 +74,8 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::default();
 }
 
-/// `c[i*ldc + j] += sum_p a[i*lda + p] * b(j, p)` for `b` in Q8_0 or Q4_0 blocks
-/// ([`multiplies`]): `ldb` and `k` count values, whole groups.
+/// `c[i*ldc + j] += sum_p a[i*lda + p] * b(j, p)` for `b` in Q8_0 or Q4_0 blocks: `ldb` and
+/// `k` count values, whole groups.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL and VNNI are present; the shapes were asserted by the caller.
@@ -97,7 +92,7 @@ pub(crate) unsafe fn gemm<A: Element, Q: Element>(
     n: usize,
     k: usize,
 ) {
-    let layout = layout(Q::FORMAT).expect("the caller checked `multiplies`");
+    let layout = layout(Q::FORMAT).expect("Q8_0 or Q4_0 blocks (the caller's check)");
     let groups = k / GROUP;
     let block_groups = Q::VALUES / GROUP;
     let row_bytes = ldb / Q::VALUES * std::mem::size_of::<Q>();
