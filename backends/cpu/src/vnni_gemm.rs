@@ -1,8 +1,8 @@
 //! GEMM over Q8_0 and Q4_0 blocks in integer dot products on AVX-512 VNNI: the prefill
 //! counterpart of the row products ([`crate::vnni`]), with the same numbers.
 //!
-//! Each activation row is quantized to 8 bits per group of 32 once per call
-//! ([`QuantizedActivation`], as decode does), and each weight row's groups are multiplied
+//! Each activation row is quantized to 8 bits per group of 32 once per call, as decode does
+//! ([`crate::QuantizedActivation`]), and each weight row's groups are multiplied
 //! exactly in 32-bit integers. What makes it a GEMM is the layout: sixteen weight rows at a
 //! time are repacked into a panel where 32-bit lane `r` of step `q` holds values `4q..4q + 4` of
 //! row `r`'s group, so one `vpdpbusd` against four activation bytes broadcast to every lane
@@ -16,7 +16,8 @@
 //! (as the row products do) instead of rounding both operands to bf16, and multiplies 512
 //! pairs in 12 instructions where the bf16 tile needs 16 (docs/performance.md has the A/B).
 
-use crate::quant::QuantizedActivation;
+use crate::dot::avx512::{BF16, F16, F32, load16, mask16};
+use crate::element::{Kind, kind};
 use moek_ir::quant::GROUP;
 use moek_ir::{BlockFormat, Element};
 use std::arch::x86_64::*;
@@ -67,7 +68,6 @@ struct Scratch {
     panel: Vec<__m512i>,
     /// Per group, the sixteen rows' block scales.
     panel_scales: Vec<__m512>,
-    row: QuantizedActivation,
 }
 
 thread_local! {
@@ -130,7 +130,7 @@ pub(crate) unsafe fn gemm<A: Element, Q: Element>(
                 let acc = unsafe { tile(s, row, groups, k) };
                 for (t, acc) in acc.iter().enumerate().take(m - row) {
                     let out = &mut c[(row + t) * ldc + j0..][..nj];
-                    let mask = ((1u32 << nj) - 1) as u16;
+                    let mask = mask16(nj);
                     // SAFETY: `out` holds the `nj` lanes the mask keeps.
                     unsafe {
                         let was = _mm512_maskz_loadu_ps(mask, out.as_ptr());
@@ -144,27 +144,50 @@ pub(crate) unsafe fn gemm<A: Element, Q: Element>(
 }
 
 /// The rows of `a` quantized into `s` (values, scales and each group's starting sum), padded with
-/// zero rows to whole tiles of [`TOKENS`].
+/// zero rows to whole tiles of [`TOKENS`]: per group of 32, `d = amax / 127` and each value
+/// `v / d` rounded to nearest even, the numbers [`QuantizedActivation::quantize`] gives.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 fn quantize_rows<A: Element>(a: &[A], lda: usize, m: usize, k: usize, bias: i32, s: &mut Scratch) {
     let rows = m.next_multiple_of(TOKENS);
     let groups = k / GROUP;
-    s.values.clear();
-    s.scales.clear();
-    s.starts.clear();
-    for i in 0..m {
-        s.row.quantize(&a[i * lda..i * lda + k]);
-        s.values.extend_from_slice(&s.row.values);
-        s.scales.extend_from_slice(&s.row.scales);
-        s.starts.extend(
-            s.row
-                .values
-                .chunks_exact(GROUP)
-                .map(|q| -bias * q.iter().map(|&v| i32::from(v)).sum::<i32>()),
-        );
-    }
     s.values.resize(rows * k, 0);
     s.scales.resize(rows * groups, 0.0);
     s.starts.resize(rows * groups, 0);
+    let size = std::mem::size_of::<A>();
+    for i in 0..rows {
+        for g in 0..groups {
+            let at = i * groups + g;
+            if i >= m {
+                s.values[i * k + g * GROUP..][..GROUP].fill(0);
+                (s.scales[at], s.starts[at]) = (0.0, 0);
+                continue;
+            }
+            // SAFETY: row `i` of `a` holds `k` elements (asserted by the caller), so the group's
+            // 32 are readable; the scratch holds `rows * k` values.
+            unsafe {
+                let p = a.as_ptr().add(i * lda + g * GROUP).cast::<u8>();
+                let load = |at: usize| match kind::<A>() {
+                    Kind::Bf16 => load16::<BF16>(p.add(at * size), 16),
+                    Kind::F16 => load16::<F16>(p.add(at * size), 16),
+                    Kind::F32 => load16::<F32>(p.add(at * size), 16),
+                };
+                let (lo, hi) = (load(0), load(16));
+                let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+                let d = amax / 127.0;
+                let id = _mm512_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+                // Rounded to nearest even (the default rounding mode).
+                let (ql, qh) = (
+                    _mm512_cvtps_epi32(_mm512_mul_ps(lo, id)),
+                    _mm512_cvtps_epi32(_mm512_mul_ps(hi, id)),
+                );
+                let out = s.values.as_mut_ptr().add(i * k + g * GROUP);
+                _mm_storeu_si128(out.cast(), _mm512_cvtepi32_epi8(ql));
+                _mm_storeu_si128(out.add(16).cast(), _mm512_cvtepi32_epi8(qh));
+                s.scales[at] = d;
+                s.starts[at] = -bias * _mm512_reduce_add_epi32(_mm512_add_epi32(ql, qh));
+            }
+        }
+    }
 }
 
 /// One group of sixteen rows, gathered from `group` (that group's bytes in the first row;
