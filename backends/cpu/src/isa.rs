@@ -76,6 +76,15 @@ impl Isa {
         }
     }
 
+    /// Peak GFLOP/s of `threads` cores for the GEMM over `format`'s blocks where it multiplies
+    /// in integers ([`crate::quant::GemmRounding::Activation8`]: `vpdpbusd`, timed, a byte
+    /// multiply-add counted as two operations); `None` where it runs on the float tiles, whose
+    /// peak is [`Isa::peak_gflops`].
+    pub fn integer_peak_gflops(self, format: moek_ir::BlockFormat, threads: usize) -> Option<f64> {
+        (crate::quant::gemm_rounding(format) == crate::quant::GemmRounding::Activation8)
+            .then(|| crate::peak::gflops(Mac::Dpbusd, threads))
+    }
+
     /// Peak f32 FMA GFLOP/s of `threads` cores, printed beside the above: timed as it is.
     pub fn f32_peak_gflops(self, threads: usize) -> f64 {
         self.timed_or_nominal(self.f32_mac(), threads)

@@ -22,6 +22,9 @@ pub enum Mac {
     Fma256,
     /// `tdpbf16ps`: a 16 x 16 f32 tile += 16 x 32 bf16 times 32 x 16 bf16 (AMX).
     Tdpbf16,
+    /// `vpdpbusd` on 512 bits: 16 i32 lanes, four byte products each (VNNI; the integer GEMM
+    /// over Q8_0 and Q4_0 blocks, whose integer multiply-adds count as a float one each).
+    Dpbusd,
 }
 
 impl Mac {
@@ -30,7 +33,7 @@ impl Mac {
     /// code has 16 registers, two of them operands.
     fn chains(self) -> usize {
         match self {
-            Mac::Dpbf16 | Mac::Fma512 => 16,
+            Mac::Dpbf16 | Mac::Fma512 | Mac::Dpbusd => 16,
             Mac::Fma256 => 14,
             // eight tiles: six accumulate, two hold the operands
             Mac::Tdpbf16 => 6,
@@ -41,6 +44,7 @@ impl Mac {
     fn flops(self) -> f64 {
         match self {
             Mac::Dpbf16 => 64.0,
+            Mac::Dpbusd => 128.0,
             Mac::Fma512 => 32.0,
             Mac::Fma256 => 16.0,
             Mac::Tdpbf16 => 16.0 * 16.0 * 32.0 * 2.0,
@@ -87,6 +91,7 @@ fn issue(mac: Mac) {
     {
         let present = match mac {
             Mac::Dpbf16 => is_x86_feature_detected!("avx512bf16"),
+            Mac::Dpbusd => is_x86_feature_detected!("avx512vnni"),
             Mac::Fma512 => is_x86_feature_detected!("avx512f"),
             Mac::Fma256 => is_x86_feature_detected!("fma") && is_x86_feature_detected!("avx"),
             Mac::Tdpbf16 => crate::amx::enable(),
@@ -96,6 +101,7 @@ fn issue(mac: Mac) {
         unsafe {
             match mac {
                 Mac::Dpbf16 => x86::dpbf16(),
+                Mac::Dpbusd => x86::dpbusd(),
                 Mac::Fma512 => x86::fma512(),
                 Mac::Fma256 => x86::fma256(),
                 #[cfg(target_os = "linux")]
@@ -158,6 +164,13 @@ mod x86 {
         chains!("vdpbf16ps", "zmm30" = a, "zmm31" = b, zmm16);
     }
 
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    pub(super) unsafe fn dpbusd() {
+        // Bytes of 1 and 1: the sums grow by 4 a step (far from wrapping in 2^18 steps).
+        let (a, b) = (_mm512_set1_epi8(1), _mm512_set1_epi8(1));
+        chains!("vpdpbusd", "zmm30" = a, "zmm31" = b, zmm16);
+    }
+
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn fma512() {
         chains!(
@@ -216,16 +229,20 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
-    /// The level in use (forced by `MOEK_CPU_ISA` in CI's runs) times to a rate one core can
-    /// give: above 1 GFLOP/s, below its instruction's flops twice a cycle at 10 GHz (a loop
+    /// The level in use (forced by `MOEK_CPU_ISA` in CI's runs), and its integer GEMM where it
+    /// has one, times to a rate one core can give: above 1 GFLOP/s, below its instruction's flops twice a cycle at 10 GHz (a loop
     /// that did not run would report far more).
     #[test]
     fn the_level_peaks_are_rates_one_core_can_give() {
         let isa = crate::isa();
+        let integer = isa.integer_peak_gflops(moek_ir::BlockFormat::Q8_0, 1);
         for (what, rate, mac) in [
             ("bf16 GEMM", isa.peak_gflops(1), isa.gemm_mac()),
             ("f32 FMA", isa.f32_peak_gflops(1), isa.f32_mac()),
-        ] {
+        ]
+        .into_iter()
+        .chain(integer.map(|rate| ("integer GEMM", rate, Some(super::Mac::Dpbusd))))
+        {
             let most = mac.map_or(64.0, |m| m.flops()) * 2.0 * 10.0;
             assert!(
                 rate > 1.0 && rate < most,

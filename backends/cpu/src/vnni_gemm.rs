@@ -172,7 +172,8 @@ fn quantize_rows<A: Element>(a: &[A], lda: usize, m: usize, k: usize, bias: i32,
                     Kind::F32 => load16::<F32>(p.add(at * size), 16),
                 };
                 let (lo, hi) = (load(0), load(16));
-                let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+                let amax =
+                    _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
                 let d = amax / 127.0;
                 let id = _mm512_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
                 // Rounded to nearest even (the default rounding mode).

@@ -48,6 +48,10 @@ pub struct ModelFigures {
     pub isa_peak_gflops: f64,
     /// The f32 FMA peak beside it.
     pub f32_peak_gflops: f64,
+    /// Where the quantized matrices' GEMM multiplies in integers (Q8_0 and Q4_0 on AVX-512),
+    /// its `vpdpbusd` peak on all threads, a byte multiply-add counted as two operations: the
+    /// roof prefill is then judged against.
+    pub integer_peak_gflops: Option<f64>,
     /// The tile the bf16 GEMM runs: `fma`, `dot` (`vdpbf16ps`) or `amx`.
     pub bf16_gemm: &'static str,
     pub decode_tokens_per_s: f64,
@@ -162,6 +166,13 @@ fn report(f: &ModelFigures, format: Format) {
                 f.f32_peak_gflops,
                 f.moe_prefill_ms_per_token_layer
             );
+            if let Some(peak) = f.integer_peak_gflops {
+                println!(
+                    "  the quantized matrices multiply in integers: {:.0}% of the vpdpbusd peak {:.0}",
+                    f.prefill_gflops / peak * 100.0,
+                    peak
+                );
+            }
             println!(
                 "decode (median of {} steps): {:.2} tokens/s; {:.1} MB read per step -> ceiling \
                  {:.2} tokens/s; each step against its own probe: {:.0}% (median)",
@@ -418,6 +429,7 @@ fn timed(
         prefill_gflops: work.prefill_flops / prefill_s / 1e9,
         isa_peak_gflops: isa.peak_gflops(threads),
         f32_peak_gflops: isa.f32_peak_gflops(threads),
+        integer_peak_gflops: quantized.and_then(|q| isa.integer_peak_gflops(q.format, threads)),
         bf16_gemm: match (isa, moek_cpu::gemm::bf16_tile()) {
             (moek_cpu::Isa::Amx, _) => "amx",
             (_, moek_cpu::gemm::Bf16Tile::Dot) => "dot",

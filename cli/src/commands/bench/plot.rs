@@ -29,8 +29,8 @@ const PANELS: [Panel; 2] = [
         title: "prefill",
         unit: "GFLOP/s",
         figure: |f| f.prefill_gflops,
-        roof: |f| f.isa_peak_gflops,
-        roof_name: "peak: the level's bf16 GEMM rate on all threads",
+        roof: |f| f.integer_peak_gflops.unwrap_or(f.isa_peak_gflops),
+        roof_name: "peak: the level's GEMM rate on all threads (bf16, or vpdpbusd for the integer GEMM)",
     },
 ];
 
@@ -163,6 +163,7 @@ mod tests {
             prefill_tokens_per_s: 100.0,
             prefill_gflops: gflops,
             isa_peak_gflops: 300.0,
+            integer_peak_gflops: None,
             f32_peak_gflops: 300.0,
             bf16_gemm: "fma",
             decode_tokens_per_s: decode,
