@@ -77,12 +77,13 @@ impl Isa {
     }
 
     /// Peak GFLOP/s of `threads` cores for the GEMM over `format`'s blocks where it multiplies
-    /// in integers ([`crate::quant::GemmRounding::Activation8`]: `vpdpbusd`, timed, a byte
-    /// multiply-add counted as two operations); `None` where it runs on the float tiles, whose
-    /// peak is [`Isa::peak_gflops`].
+    /// in integers on AVX-512 ([`crate::quant::GemmRounding::Activation8`]: `vpdpbusd`, timed,
+    /// a byte multiply-add counted as two operations); `None` where it runs on the float tiles,
+    /// whose peak is [`Isa::peak_gflops`], and on AVX2, whose `vpmaddubsw` is not timed.
     pub fn integer_peak_gflops(self, format: moek_ir::BlockFormat, threads: usize) -> Option<f64> {
-        (crate::quant::gemm_rounding(format) == crate::quant::GemmRounding::Activation8)
-            .then(|| crate::peak::gflops(Mac::Dpbusd, threads))
+        let integer =
+            crate::quant::gemm_rounding(format) == crate::quant::GemmRounding::Activation8;
+        (self == Isa::Avx512Bf16 && integer).then(|| crate::peak::gflops(Mac::Dpbusd, threads))
     }
 
     /// Peak f32 FMA GFLOP/s of `threads` cores, printed beside the above: timed as it is.

@@ -15,6 +15,8 @@ pub mod bandwidth;
 pub mod dot;
 pub mod element;
 pub mod gemm;
+#[cfg(target_arch = "x86_64")]
+mod int_gemm;
 pub mod isa;
 pub mod memory;
 pub mod peak;
@@ -25,8 +27,6 @@ pub mod scratch;
 pub mod skeleton;
 #[cfg(target_arch = "x86_64")]
 pub mod vnni;
-#[cfg(target_arch = "x86_64")]
-mod vnni_gemm;
 
 pub use activation::{gelu_tanh, silu, softcap, softcap_slice, swiglu_clamped};
 pub use axpy::axpy;

@@ -79,7 +79,7 @@ impl QuantizedActivation {
 /// away `1.5 x 2^23` leaves no fraction bits (f32 addition rounds to nearest even), in two
 /// additions the compiler vectorizes, where `f32::round` is a call to libm per value.
 #[inline]
-fn round_small(v: f32) -> f32 {
+pub(crate) fn round_small(v: f32) -> f32 {
     const MAGIC: f32 = 12_582_912.0;
     (v + MAGIC) - MAGIC
 }
@@ -449,8 +449,8 @@ pub fn gemm_blocks<A: Element, Q: Element>(
         }
         // SAFETY: the level's features were detected; the shapes were asserted above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Bf16 if integer_gemm(Q::FORMAT) => {
-            return unsafe { crate::vnni_gemm::gemm(a, lda, b, ldb, c, ldc, m, n, k) };
+        level @ (Isa::Avx512Bf16 | Isa::Avx2) if integer_gemm(Q::FORMAT) => {
+            return unsafe { crate::int_gemm::gemm(level, a, lda, b, ldb, c, ldc, m, n, k) };
         }
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
@@ -507,7 +507,7 @@ pub enum GemmRounding {
     /// `vdpbf16ps` tile, for the formats that admit it: [`admits_bf16`]).
     Bf16,
     /// The activation to 8 bits a value per group of 32, as the row products do (the integer
-    /// GEMM, [`crate::vnni_gemm`]): within the format's own tolerance.
+    /// GEMM, [`crate::int_gemm`]): within the format's own tolerance.
     Activation8,
 }
 
@@ -516,7 +516,7 @@ pub enum GemmRounding {
 /// Q4_0 and nothing for MXFP4).
 pub fn gemm_rounding(format: moek_ir::BlockFormat) -> GemmRounding {
     match isa() {
-        Isa::Avx512Bf16 if integer_gemm(format) => GemmRounding::Activation8,
+        Isa::Avx512Bf16 | Isa::Avx2 if integer_gemm(format) => GemmRounding::Activation8,
         Isa::Amx | Isa::Avx512Bf16 if on_bf16_tiles() && admits_bf16(format) => GemmRounding::Bf16,
         _ => GemmRounding::Nothing,
     }
@@ -535,13 +535,17 @@ fn admits_bf16(format: moek_ir::BlockFormat) -> bool {
     DType::quantized(format, DType::F32).is_some_and(|d| unit_roundoff(d) >= 2f64.powi(-9))
 }
 
-/// Whether [`gemm_blocks`] over `format`'s blocks multiplies in integers on the AVX-512 level
-/// ([`crate::vnni_gemm`]): Q8_0 and Q4_0, unless `MOEK_CPU_QUANT_GEMM=float` keeps them on the
-/// float tiles (for the A/B in docs/performance.md).
+/// Whether [`gemm_blocks`] over `format`'s blocks multiplies in integers at this process's level
+/// ([`crate::int_gemm`]: Q8_0 and Q4_0 on AVX-512, Q4_0 on AVX2), unless
+/// `MOEK_CPU_QUANT_GEMM=float` keeps them on the float tiles (for the A/B in
+/// docs/performance.md).
 fn integer_gemm(format: moek_ir::BlockFormat) -> bool {
     static INTEGER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    cfg!(target_arch = "x86_64")
-        && format != moek_ir::BlockFormat::Mxfp4
+    #[cfg(target_arch = "x86_64")]
+    let level = crate::int_gemm::multiplies(isa(), format);
+    #[cfg(not(target_arch = "x86_64"))]
+    let level = false;
+    level
         && *INTEGER.get_or_init(|| match std::env::var("MOEK_CPU_QUANT_GEMM").as_deref() {
             Ok("float") => false,
             Ok("int" | "auto" | "") | Err(_) => true,
@@ -743,7 +747,7 @@ mod tests {
     /// activation is the row products' 8-bit one. One row (the panel path), 5 and 70 rows (the level's tiles, an edge
     /// tile, more than one block of rows on AVX2 and AMX), 150 columns (more than one AMX
     /// panel, an edge block), a reduction over more than one chunk of the tiles, rows longer
-    /// than the reduction, a bf16 activation.
+    /// than the reduction, bf16 and f16 activations.
     #[test]
     fn gemm_over_blocks_matches_the_dequantized_sums() {
         fn check<Q: Element, A: Element>(m: usize, n: usize) {
@@ -788,6 +792,7 @@ mod tests {
             check::<BlockQ4<1>, half::bf16>(m, n);
             check::<BlockQ4<8>, f32>(m, n);
             check::<BlockQ8<4>, half::bf16>(m, n);
+            check::<BlockQ4<2>, half::f16>(m, n);
             check::<BlockMxfp4, half::bf16>(m, n);
         }
     }
