@@ -24,6 +24,7 @@
 
 use crate::element::{Kind, kind};
 use crate::isa::Isa;
+use crate::quant::group_scale;
 use moek_ir::quant::GROUP;
 use moek_ir::{BlockFormat, Element};
 use std::arch::x86_64::*;
@@ -31,6 +32,8 @@ use std::cell::RefCell;
 
 /// Four-byte steps in a group of 32.
 const STEPS: usize = GROUP / 4;
+/// Bytes of a block's f16 scale, before its groups.
+const SCALE_BYTES: usize = 2;
 
 /// How the weight bytes of one block format enter the multiply.
 #[derive(Clone, Copy, Debug)]
@@ -186,18 +189,19 @@ unsafe fn gemm_on<L: Level, A: Element, Q: Element>(
                 std::mem::zeroed()
             });
         let mut out = vec![0f32; L::TOKENS * L::ROWS];
+        let mut offsets = vec![0i32; L::ROWS];
         let base = b.as_ptr().cast::<u8>();
         for j0 in (0..n).step_by(L::ROWS) {
             let nj = L::ROWS.min(n - j0);
             // Rows past the edge gather the last real row again (their sums are not stored).
-            let offsets: Vec<i32> = (0..L::ROWS)
-                .map(|r| ((j0 + r.min(nj - 1)) * row_bytes) as i32)
-                .collect();
+            for (r, o) in offsets.iter_mut().enumerate() {
+                *o = ((j0 + r.min(nj - 1)) * row_bytes) as i32;
+            }
             let steps = s.panel.as_mut_ptr().cast::<u8>();
             let scales = s.panel_scales.as_mut_ptr().cast::<f32>();
             for g in 0..groups {
                 let block = (g / block_groups) * std::mem::size_of::<Q>();
-                let group = block + 2 + (g % block_groups) * layout.group_bytes;
+                let group = block + SCALE_BYTES + (g % block_groups) * layout.group_bytes;
                 // SAFETY: every offset is a real row's start; the block and its group lie
                 // inside the row's `k` values (whole blocks: asserted by the caller); the panel
                 // holds `groups` groups.
@@ -236,12 +240,13 @@ fn quantize_rows<L: Level, A: Element>(
 ) {
     let rows = m.next_multiple_of(L::TOKENS);
     let groups = k / GROUP;
-    s.values.clear();
+    // The real rows are all written below; only the padding is cleared.
     s.values.resize(rows * k, 0);
-    s.scales.clear();
     s.scales.resize(rows * groups, 0.0);
-    s.starts.clear();
     s.starts.resize(rows * groups, 0);
+    s.values[m * k..rows * k].fill(0);
+    s.scales[m * groups..rows * groups].fill(0.0);
+    s.starts[m * groups..rows * groups].fill(0);
     for i in 0..m {
         for g in 0..groups {
             let at = i * groups + g;
@@ -256,12 +261,6 @@ fn quantize_rows<L: Level, A: Element>(
             (s.scales[at], s.starts[at]) = (d, -bias * sum);
         }
     }
-}
-
-/// `1 / d` for `d = amax / 127`, zero for an all-zero group.
-fn inverse_scale(amax: f32) -> (f32, f32) {
-    let d = amax / 127.0;
-    (d, if d != 0.0 { 1.0 / d } else { 0.0 })
 }
 
 /// The AVX-512 VNNI level: 16 rows a panel, 8 tokens a tile, a step one `vpdpbusd`.
@@ -286,7 +285,7 @@ impl Level for Avx512 {
             };
             let (lo, hi) = (load(0), load(16));
             let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
-            let (d, id) = inverse_scale(amax);
+            let (d, id) = group_scale(amax);
             let id = _mm512_set1_ps(id);
             // Rounded to nearest even (the default rounding mode).
             let ql = _mm512_cvtps_epi32(_mm512_mul_ps(lo, id));
@@ -398,7 +397,7 @@ impl Level for Avx2 {
             let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
             let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
             let m = _mm_max_ss(m, _mm_movehdup_ps(m));
-            let (d, id) = inverse_scale(_mm_cvtss_f32(m));
+            let (d, id) = group_scale(_mm_cvtss_f32(m));
             let id = _mm256_set1_ps(id);
             // Rounded to nearest even (the default rounding mode).
             let q = v.map(|v| _mm256_cvtps_epi32(_mm256_mul_ps(v, id)));

@@ -230,8 +230,8 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     /// The level in use (forced by `MOEK_CPU_ISA` in CI's runs), and its integer GEMM where it
-    /// has one, times to a rate one core can give: above 1 GFLOP/s, below its instruction's flops twice a cycle at 10 GHz (a loop
-    /// that did not run would report far more).
+    /// has one, times to a rate one core can give: above 1 GFLOP/s, below its instruction's
+    /// flops twice a cycle at 10 GHz (a loop that did not run would report far more).
     #[test]
     fn the_level_peaks_are_rates_one_core_can_give() {
         let isa = crate::isa();

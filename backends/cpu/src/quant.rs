@@ -57,8 +57,7 @@ impl QuantizedActivation {
         const HALF: usize = GROUP / 2;
         for block in x.chunks_exact(GROUP) {
             let amax = block.iter().fold(0f32, |m, v| m.max(v.to_f32().abs()));
-            let d = amax / 127.0;
-            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let (d, id) = group_scale(amax);
             self.scales.push(d);
             // |v * id| <= 127: never -128, which the AVX2 kernel's sign trick could not negate.
             let start = self.values.len();
@@ -75,11 +74,19 @@ impl QuantizedActivation {
     }
 }
 
+/// A group's scale `d = amax / 127` and the `1 / d` its values are multiplied by (zero for an
+/// all-zero group): one definition for every quantizer of activations, so they agree exactly.
+#[inline]
+pub(crate) fn group_scale(amax: f32) -> (f32, f32) {
+    let d = amax / 127.0;
+    (d, if d != 0.0 { 1.0 / d } else { 0.0 })
+}
+
 /// `v` rounded to the nearest whole number, ties to even, for `|v| < 2^22`: adding and taking
 /// away `1.5 x 2^23` leaves no fraction bits (f32 addition rounds to nearest even), in two
 /// additions the compiler vectorizes, where `f32::round` is a call to libm per value.
 #[inline]
-pub(crate) fn round_small(v: f32) -> f32 {
+fn round_small(v: f32) -> f32 {
     const MAGIC: f32 = 12_582_912.0;
     (v + MAGIC) - MAGIC
 }
@@ -449,7 +456,7 @@ pub fn gemm_blocks<A: Element, Q: Element>(
         }
         // SAFETY: the level's features were detected; the shapes were asserted above.
         #[cfg(target_arch = "x86_64")]
-        level @ (Isa::Avx512Bf16 | Isa::Avx2) if integer_gemm(Q::FORMAT) => {
+        level if integer_gemm(Q::FORMAT) => {
             return unsafe { crate::int_gemm::gemm(level, a, lda, b, ldb, c, ldc, m, n, k) };
         }
         // SAFETY: as above.
@@ -516,7 +523,7 @@ pub enum GemmRounding {
 /// Q4_0 and nothing for MXFP4).
 pub fn gemm_rounding(format: moek_ir::BlockFormat) -> GemmRounding {
     match isa() {
-        Isa::Avx512Bf16 | Isa::Avx2 if integer_gemm(format) => GemmRounding::Activation8,
+        _ if integer_gemm(format) => GemmRounding::Activation8,
         Isa::Amx | Isa::Avx512Bf16 if on_bf16_tiles() && admits_bf16(format) => GemmRounding::Bf16,
         _ => GemmRounding::Nothing,
     }
@@ -743,9 +750,9 @@ mod tests {
     /// nothing is rounded but the f32 sums, held to the classical bound of `k` f32 additions
     /// (`k u` times the sum of the products' magnitudes), except where bf16 tiles run (AMX or
     /// `vdpbf16ps`, for `bf16_panels`): there the reference rounds both operands to bf16 first,
-    /// as the tiles do; and where the integer GEMM runs (Q8_0 and Q4_0 on AVX-512), whose
-    /// activation is the row products' 8-bit one. One row (the panel path), 5 and 70 rows (the level's tiles, an edge
-    /// tile, more than one block of rows on AVX2 and AMX), 150 columns (more than one AMX
+    /// as the tiles do; and where the integer GEMM runs (Q8_0 and Q4_0 on AVX-512, Q4_0 on
+    /// AVX2), whose activation is the row products' 8-bit one. One row (the panel path), 5 and
+    /// 70 rows (the level's tiles, an edge tile, more than one block of rows on AVX2 and AMX), 150 columns (more than one AMX
     /// panel, an edge block), a reduction over more than one chunk of the tiles, rows longer
     /// than the reduction, bf16 and f16 activations.
     #[test]
