@@ -29,6 +29,7 @@ use moek_ir::quant::GROUP;
 use moek_ir::{BlockFormat, Element};
 use std::arch::x86_64::*;
 use std::cell::RefCell;
+use std::ops::Range;
 
 /// Four-byte steps in a group of 32.
 const STEPS: usize = GROUP / 4;
@@ -69,14 +70,144 @@ pub(crate) fn multiplies(level: Isa, format: BlockFormat) -> bool {
     }
 }
 
-/// Per-thread operands: the activation rows quantized, their groups' bias sums, the panel.
-#[derive(Default)]
-struct Scratch {
-    /// Row after row (padded to whole tiles with zeros), each `k` values.
+/// Activation rows quantized to 8 bits per group of 32, once for every integer GEMM they enter:
+/// an MoE layer's tokens serve gate and up and every expert each routes to
+/// ([`GemmRows`](crate::GemmRows)). Rows past the real ones (a tile's padding) are zeros.
+#[derive(Debug, Default)]
+pub(crate) struct QuantizedRows {
+    /// Values a row (whole groups).
+    k: usize,
+    /// Row after row, `k` values each.
     values: Vec<i8>,
     /// Per row and group, the activation's scale.
     scales: Vec<f32>,
-    /// Per row and group, `-bias x` the sum of its values: where the group's integer sum starts.
+    /// Per row and group, the sum of its quantized values: a weight bias `b` makes the group's
+    /// integer sum start at `-b` times it.
+    sums: Vec<i32>,
+}
+
+impl QuantizedRows {
+    /// Rows `0..m` of `a` (`lda` apart, `k` values each) quantized at `level`, one of those
+    /// [`multiplies`] names.
+    /// Rows `0..m` of `a` (`lda` apart, `k` values each) quantized at `level`, one of those
+    /// [`multiplies`] names, rows in parallel.
+    pub(crate) fn new<A: Element>(level: Isa, a: &[A], lda: usize, m: usize, k: usize) -> Self {
+        use rayon::prelude::*;
+        assert!(
+            m == 0 || a.len() >= (m - 1) * lda + k,
+            "{m} rows of {k} values"
+        );
+        let mut rows = Self::default();
+        let groups = rows.resize(m, k, 1);
+        let each = rows.values.par_chunks_mut(k.max(1));
+        let each = each.zip(rows.scales.par_chunks_mut(groups.max(1)));
+        let each = each.zip(rows.sums.par_chunks_mut(groups.max(1)));
+        each.enumerate().for_each(|(i, ((values, scales), sums))| {
+            let row = &a[i * lda..][..k];
+            // SAFETY: `level` is this process's (the caller's check); the slices are one row's.
+            unsafe {
+                match level {
+                    Isa::Avx512Bf16 => quantize_row::<Avx512, A>(row, values, scales, sums),
+                    Isa::Avx2 => quantize_row::<Avx2, A>(row, values, scales, sums),
+                    other => unreachable!("no integer GEMM on {}", other.name()),
+                }
+            }
+        });
+        rows
+    }
+
+    /// Rows `0..m` of `a` quantized into `self`, padded with zero rows to a multiple of `pad`.
+    ///
+    /// # Safety
+    /// The level's features are present; `a` holds the rows.
+    unsafe fn quantize<L: Level, A: Element>(
+        &mut self,
+        a: &[A],
+        lda: usize,
+        m: usize,
+        k: usize,
+        pad: usize,
+    ) {
+        let groups = self.resize(m, k, pad);
+        for i in 0..m {
+            let (values, scales) = (
+                &mut self.values[i * k..][..k],
+                &mut self.scales[i * groups..],
+            );
+            // SAFETY: forwarded.
+            unsafe {
+                quantize_row::<L, A>(
+                    &a[i * lda..][..k],
+                    values,
+                    &mut scales[..groups],
+                    &mut self.sums[i * groups..][..groups],
+                )
+            };
+        }
+    }
+
+    /// Groups `groups` of rows `ids` of `from` copied into `self`, in that order, padded as
+    /// [`Self::quantize`]: a segment's values packed, as [`Self::quantize`] would have made
+    /// them from the segment alone (the tile reads each token's groups close together).
+    fn gather(&mut self, from: &QuantizedRows, ids: &[usize], groups: Range<usize>, pad: usize) {
+        let (k, n) = (groups.len() * GROUP, groups.len());
+        let (ng, at) = (from.k / GROUP, groups.start);
+        self.resize(ids.len(), k, pad);
+        for (i, &r) in ids.iter().enumerate() {
+            let values = &from.values[r * from.k + at * GROUP..][..k];
+            self.values[i * k..][..k].copy_from_slice(values);
+            self.scales[i * n..][..n].copy_from_slice(&from.scales[r * ng + at..][..n]);
+            self.sums[i * n..][..n].copy_from_slice(&from.sums[r * ng + at..][..n]);
+        }
+    }
+
+    /// Room for `m` rows of `k` values, padded with zero rows to a multiple of `pad` (the real
+    /// rows are the caller's to write); returns groups a row.
+    fn resize(&mut self, m: usize, k: usize, pad: usize) -> usize {
+        let (rows, groups) = (m.next_multiple_of(pad), k / GROUP);
+        self.k = k;
+        self.values.resize(rows * k, 0);
+        self.scales.resize(rows * groups, 0.0);
+        self.sums.resize(rows * groups, 0);
+        self.values[m * k..rows * k].fill(0);
+        self.scales[m * groups..rows * groups].fill(0.0);
+        self.sums[m * groups..rows * groups].fill(0);
+        groups
+    }
+}
+
+/// One row `a` quantized into `values`, its groups' `scales` and `sums`
+/// ([`Level::quantize_group`]).
+///
+/// # Safety
+/// The level's features are present.
+unsafe fn quantize_row<L: Level, A: Element>(
+    a: &[A],
+    values: &mut [i8],
+    scales: &mut [f32],
+    sums: &mut [i32],
+) {
+    assert!(
+        values.len() == a.len() && scales.len() * GROUP == a.len() && sums.len() == scales.len()
+    );
+    for (g, (d, sum)) in scales.iter_mut().zip(sums).enumerate() {
+        // SAFETY: group `g` lies in `a` and `values` (asserted); the level is the caller's.
+        (*d, *sum) = unsafe {
+            L::quantize_group(
+                a.as_ptr().add(g * GROUP),
+                values.as_mut_ptr().add(g * GROUP),
+            )
+        };
+    }
+}
+
+/// Per-thread operands: the activation rows of one product and the weight panel.
+#[derive(Default)]
+struct Scratch {
+    /// The product's rows, padded to whole tiles.
+    rows: QuantizedRows,
+    /// Per row and group, where its integer sum starts: minus the weights' bias times the sum
+    /// of its values (a load, not a multiply, in the tile).
     starts: Vec<i32>,
     /// Per group, [`STEPS`] steps of repacked weights (a level's rows of 4 bytes each), on
     /// 64-byte lines.
@@ -119,12 +250,12 @@ trait Level {
     /// The level's features are present; 32 elements are readable at `x`, writable at `out`.
     unsafe fn quantize_group<A: Element>(x: *const A, out: *mut i8) -> (f32, i32);
 
-    /// Tokens `row..row + TOKENS` of `s` against the panel's `groups` groups: per token, the
-    /// panel rows' sums, into `out` (`TOKENS x ROWS`).
+    /// Tokens `row..row + TOKENS` of `s`'s rows against its panel of `groups` groups: per
+    /// token, the panel rows' sums, into `out` (`TOKENS x ROWS`).
     ///
     /// # Safety
-    /// The level's features are present; `s` holds those tokens and the panel.
-    unsafe fn tile(s: &Scratch, row: usize, groups: usize, k: usize, out: &mut [f32]);
+    /// The level's features are present; `s` holds those tokens, their starts and the panel.
+    unsafe fn tile(s: &Scratch, row: usize, groups: usize, out: &mut [f32]);
 }
 
 /// `c[i*ldc + j] += sum_p a[i*lda + p] * b(j, p)` for `b` in blocks [`multiplies`] says
@@ -148,117 +279,134 @@ pub(crate) unsafe fn gemm<A: Element, Q: Element>(
     // SAFETY: forwarded.
     unsafe {
         match level {
-            Isa::Avx512Bf16 => gemm_on::<Avx512, A, Q>(a, lda, b, ldb, c, ldc, m, n, k),
-            Isa::Avx2 => gemm_on::<Avx2, A, Q>(a, lda, b, ldb, c, ldc, m, n, k),
+            Isa::Avx512Bf16 => SCRATCH.with_borrow_mut(|s| {
+                s.rows.quantize::<Avx512, A>(a, lda, m, k, Avx512::TOKENS);
+                multiply::<Avx512, Q>(s, m, Q::FORMAT, b, ldb, c, ldc, n);
+            }),
+            Isa::Avx2 => SCRATCH.with_borrow_mut(|s| {
+                s.rows.quantize::<Avx2, A>(a, lda, m, k, Avx2::TOKENS);
+                multiply::<Avx2, Q>(s, m, Q::FORMAT, b, ldb, c, ldc, n);
+            }),
             other => unreachable!("no integer GEMM on {}", other.name()),
         }
     }
 }
 
+/// [`gemm`] over rows `ids` of `x`, already quantized, and `segs` (in values, whole groups),
+/// each segment's sums added into `c` in turn; row `j` of `b` (in `format`'s blocks) starts
+/// `j * ldb` values in.
+///
+/// # Safety
+/// The level's features are present; `b` holds `n` rows and `c` `ids.len()` of `ldc`.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_on<L: Level, A: Element, Q: Element>(
-    a: &[A],
-    lda: usize,
+pub(crate) unsafe fn gemm_quantized<Q: Element>(
+    level: Isa,
+    format: BlockFormat,
+    x: &QuantizedRows,
+    ids: &[usize],
+    segs: &[(usize, usize)],
     b: &[Q],
     ldb: usize,
     c: &mut [f32],
     ldc: usize,
-    m: usize,
     n: usize,
-    k: usize,
 ) {
-    let layout = layout(Q::FORMAT).expect("Q8_0 or Q4_0 blocks (the caller's check)");
-    let groups = k / GROUP;
+    let m = ids.len();
+    for &(s0, s1) in segs {
+        assert!(
+            s0.is_multiple_of(Q::VALUES),
+            "segment {s0}..{s1}: not whole blocks"
+        );
+        let (groups, b) = (s0 / GROUP..s1 / GROUP, &b[s0 / Q::VALUES..]);
+        // SAFETY: forwarded.
+        unsafe {
+            match level {
+                Isa::Avx512Bf16 => SCRATCH.with_borrow_mut(|s| {
+                    s.rows.gather(x, ids, groups, Avx512::TOKENS);
+                    multiply::<Avx512, Q>(s, m, format, b, ldb, c, ldc, n);
+                }),
+                Isa::Avx2 => SCRATCH.with_borrow_mut(|s| {
+                    s.rows.gather(x, ids, groups, Avx2::TOKENS);
+                    multiply::<Avx2, Q>(s, m, format, b, ldb, c, ldc, n);
+                }),
+                other => unreachable!("no integer GEMM on {}", other.name()),
+            }
+        }
+    }
+}
+
+/// The scratch's `m` rows (`k` values each) against `n` rows of `b` (`format`'s blocks), the
+/// sums added into `c`: panels of [`Level::ROWS`] weight rows repacked, then every tile of
+/// tokens.
+#[allow(clippy::too_many_arguments)]
+unsafe fn multiply<L: Level, Q: Element>(
+    s: &mut Scratch,
+    m: usize,
+    format: BlockFormat,
+    b: &[Q],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+    n: usize,
+) {
+    let layout = layout(format).expect("Q8_0 or Q4_0 blocks (the caller's check)");
     let block_groups = Q::VALUES / GROUP;
     let row_bytes = ldb / Q::VALUES * std::mem::size_of::<Q>();
     assert!(
         L::ROWS * row_bytes < i32::MAX as usize,
         "rows of {row_bytes} bytes are too far apart to gather"
     );
+    let (k, groups) = (s.rows.k, s.rows.k / GROUP);
+    assert!(k <= ldb, "{k} values a row beyond rows of {ldb}");
     let step_bytes = L::ROWS * 4;
-    SCRATCH.with_borrow_mut(|s| {
-        quantize_rows::<L, A>(a, lda, m, k, layout.bias, s);
-        s.panel
-            .resize((groups * STEPS * step_bytes).div_ceil(64), unsafe {
-                // SAFETY: all-zero bits are a valid vector.
-                std::mem::zeroed()
-            });
-        s.panel_scales
-            .resize((groups * L::ROWS).div_ceil(16), unsafe {
-                // SAFETY: as above.
-                std::mem::zeroed()
-            });
-        let mut out = vec![0f32; L::TOKENS * L::ROWS];
-        let mut offsets = vec![0i32; L::ROWS];
-        let base = b.as_ptr().cast::<u8>();
-        for j0 in (0..n).step_by(L::ROWS) {
-            let nj = L::ROWS.min(n - j0);
-            // Rows past the edge gather the last real row again (their sums are not stored).
-            for (r, o) in offsets.iter_mut().enumerate() {
-                *o = ((j0 + r.min(nj - 1)) * row_bytes) as i32;
-            }
-            let steps = s.panel.as_mut_ptr().cast::<u8>();
-            let scales = s.panel_scales.as_mut_ptr().cast::<f32>();
-            for g in 0..groups {
-                let block = (g / block_groups) * std::mem::size_of::<Q>();
-                let group = block + SCALE_BYTES + (g % block_groups) * layout.group_bytes;
-                // SAFETY: every offset is a real row's start; the block and its group lie
-                // inside the row's `k` values (whole blocks: asserted by the caller); the panel
-                // holds `groups` groups.
-                unsafe {
-                    L::repack(
-                        layout,
-                        base.add(group),
-                        base.add(block),
-                        &offsets,
-                        steps.add(g * STEPS * step_bytes),
-                        scales.add(g * L::ROWS),
-                    )
-                };
-            }
-            for row in (0..m).step_by(L::TOKENS) {
-                // SAFETY: the scratch holds whole tiles of tokens and the panel all `groups`.
-                unsafe { L::tile(s, row, groups, k, &mut out) };
-                for (t, sums) in out.chunks_exact(L::ROWS).enumerate().take(m - row) {
-                    let dst = &mut c[(row + t) * ldc + j0..][..nj];
-                    dst.iter_mut().zip(sums).for_each(|(d, v)| *d += v);
-                }
-            }
+    s.panel
+        .resize((groups * STEPS * step_bytes).div_ceil(64), unsafe {
+            // SAFETY: all-zero bits are a valid vector.
+            std::mem::zeroed()
+        });
+    s.panel_scales
+        .resize((groups * L::ROWS).div_ceil(16), unsafe {
+            // SAFETY: as above.
+            std::mem::zeroed()
+        });
+    s.starts.clear();
+    s.starts
+        .extend(s.rows.sums.iter().map(|&sum| -layout.bias * sum));
+    let mut out = vec![0f32; L::TOKENS * L::ROWS];
+    let mut offsets = vec![0i32; L::ROWS];
+    let base = b.as_ptr().cast::<u8>();
+    for j0 in (0..n).step_by(L::ROWS) {
+        let nj = L::ROWS.min(n - j0);
+        // Rows past the edge gather the last real row again (their sums are not stored).
+        for (r, o) in offsets.iter_mut().enumerate() {
+            *o = ((j0 + r.min(nj - 1)) * row_bytes) as i32;
         }
-    });
-}
-
-/// The rows of `a` quantized into `s` (values, scales and each group's starting sum,
-/// [`Level::quantize_group`]), padded with zero rows to whole tiles of [`Level::TOKENS`].
-fn quantize_rows<L: Level, A: Element>(
-    a: &[A],
-    lda: usize,
-    m: usize,
-    k: usize,
-    bias: i32,
-    s: &mut Scratch,
-) {
-    let rows = m.next_multiple_of(L::TOKENS);
-    let groups = k / GROUP;
-    // The real rows are all written below; only the padding is cleared.
-    s.values.resize(rows * k, 0);
-    s.scales.resize(rows * groups, 0.0);
-    s.starts.resize(rows * groups, 0);
-    s.values[m * k..rows * k].fill(0);
-    s.scales[m * groups..rows * groups].fill(0.0);
-    s.starts[m * groups..rows * groups].fill(0);
-    for i in 0..m {
+        let steps = s.panel.as_mut_ptr().cast::<u8>();
+        let scales = s.panel_scales.as_mut_ptr().cast::<f32>();
         for g in 0..groups {
-            let at = i * groups + g;
-            // SAFETY: row `i` of `a` holds `k` elements (asserted by the caller) and the
-            // scratch `rows * k` values; the caller's level is present.
-            let (d, sum) = unsafe {
-                L::quantize_group(
-                    a.as_ptr().add(i * lda + g * GROUP),
-                    s.values.as_mut_ptr().add(i * k + g * GROUP),
+            let block = (g / block_groups) * std::mem::size_of::<Q>();
+            let group = block + SCALE_BYTES + (g % block_groups) * layout.group_bytes;
+            // SAFETY: every offset is a real row's start; the block and its group lie inside
+            // the row's `k` values (whole blocks: asserted by the caller); the panel holds
+            // `groups` groups.
+            unsafe {
+                L::repack(
+                    layout,
+                    base.add(group),
+                    base.add(block),
+                    &offsets,
+                    steps.add(g * STEPS * step_bytes),
+                    scales.add(g * L::ROWS),
                 )
             };
-            (s.scales[at], s.starts[at]) = (d, -bias * sum);
+        }
+        for row in (0..m).step_by(L::TOKENS) {
+            // SAFETY: the scratch holds whole tiles of tokens and the panel all `groups`.
+            unsafe { L::tile(s, row, groups, &mut out) };
+            for (t, sums) in out.chunks_exact(L::ROWS).enumerate().take(m - row) {
+                let dst = &mut c[(row + t) * ldc + j0..][..nj];
+                dst.iter_mut().zip(sums).for_each(|(d, v)| *d += v);
+            }
         }
     }
 }
@@ -335,28 +483,29 @@ impl Level for Avx512 {
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn tile(s: &Scratch, row: usize, groups: usize, k: usize, out: &mut [f32]) {
+    unsafe fn tile(s: &Scratch, row: usize, groups: usize, out: &mut [f32]) {
         let mut acc = [_mm512_setzero_ps(); Self::TOKENS];
-        let values = s.values.as_ptr();
+        let (x, k) = (&s.rows, s.rows.k);
+        let values = x.values.as_ptr();
         let panel = s.panel.as_ptr();
         let scales = s.panel_scales.as_ptr();
         for g in 0..groups {
-            // SAFETY: the panel holds `groups` groups of STEPS registers and their scales; the
-            // scratch holds tokens `row..row + TOKENS` (padded), `k` values each.
+            // SAFETY: the panel holds the groups' STEPS registers and their scales; the rows
+            // hold tokens `row..row + TOKENS` (padded), `k` values each.
             unsafe {
                 let w: [__m512i; STEPS] = std::array::from_fn(|q| *panel.add(g * STEPS + q));
                 let dw = *scales.add(g);
                 for (t, acc) in acc.iter_mut().enumerate() {
                     let at = (row + t) * groups + g;
-                    let x = values.add((row + t) * k + g * GROUP).cast::<i32>();
+                    let xq = values.add((row + t) * k + g * GROUP).cast::<i32>();
                     let mut sum = _mm512_set1_epi32(*s.starts.get_unchecked(at));
                     for (q, &w) in w.iter().enumerate() {
-                        let xq = _mm512_set1_epi32(x.add(q).read_unaligned());
+                        let xq = _mm512_set1_epi32(xq.add(q).read_unaligned());
                         sum = _mm512_dpbusd_epi32(sum, w, xq);
                     }
                     let scaled = _mm512_mul_ps(
                         _mm512_cvtepi32_ps(sum),
-                        _mm512_set1_ps(*s.scales.get_unchecked(at)),
+                        _mm512_set1_ps(*x.scales.get_unchecked(at)),
                     );
                     *acc = _mm512_fmadd_ps(scaled, dw, *acc);
                 }
@@ -457,9 +606,10 @@ impl Level for Avx2 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn tile(s: &Scratch, row: usize, groups: usize, k: usize, out: &mut [f32]) {
+    unsafe fn tile(s: &Scratch, row: usize, groups: usize, out: &mut [f32]) {
         let mut acc = [_mm256_setzero_ps(); Self::TOKENS];
-        let values = s.values.as_ptr();
+        let (x, k) = (&s.rows, s.rows.k);
+        let values = x.values.as_ptr();
         let panel = s.panel.as_ptr().cast::<__m256i>();
         let scales = s.panel_scales.as_ptr().cast::<f32>();
         let ones = _mm256_set1_epi16(1);
@@ -469,12 +619,12 @@ impl Level for Avx2 {
                 let dw = _mm256_loadu_ps(scales.add(g * Self::ROWS));
                 for (t, acc) in acc.iter_mut().enumerate() {
                     let at = (row + t) * groups + g;
-                    let x = values.add((row + t) * k + g * GROUP).cast::<i32>();
+                    let xq = values.add((row + t) * k + g * GROUP).cast::<i32>();
                     // Eight steps' pair sums add in 16 bits (at most 30480: no saturation).
                     let mut pairs = _mm256_setzero_si256();
                     for q in 0..STEPS {
                         let w = _mm256_load_si256(panel.add(g * STEPS + q));
-                        let xq = _mm256_set1_epi32(x.add(q).read_unaligned());
+                        let xq = _mm256_set1_epi32(xq.add(q).read_unaligned());
                         pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w, xq));
                     }
                     let sum = _mm256_add_epi32(
@@ -483,7 +633,7 @@ impl Level for Avx2 {
                     );
                     let scaled = _mm256_mul_ps(
                         _mm256_cvtepi32_ps(sum),
-                        _mm256_set1_ps(*s.scales.get_unchecked(at)),
+                        _mm256_set1_ps(*x.scales.get_unchecked(at)),
                     );
                     *acc = _mm256_fmadd_ps(scaled, dw, *acc);
                 }

@@ -496,6 +496,100 @@ pub fn gemm_blocks<A: Element, Q: Element>(
     });
 }
 
+/// Activation rows made ready once for every GEMM over weights of one element type they enter
+/// ([`GemmRows::gemm`]): where that GEMM multiplies in integers ([`crate::int_gemm`]), the rows
+/// are quantized here, so an MoE layer's tokens are quantized once for gate and up and every
+/// expert each routes to, not once a product. The numbers are those of quantizing in each
+/// product: the groups are the same.
+#[derive(Debug)]
+pub struct GemmRows<'a, A> {
+    x: &'a [A],
+    k: usize,
+    #[cfg(target_arch = "x86_64")]
+    quantized: Option<(moek_ir::BlockFormat, crate::int_gemm::QuantizedRows)>,
+}
+
+impl<'a, A: Element> GemmRows<'a, A> {
+    /// `m` rows of `k` values of `x`, for products with weights of `W`.
+    pub fn new<W: Weight>(x: &'a [A], m: usize, k: usize) -> Self {
+        assert!(x.len() >= m * k, "{m} rows of {k} values in {}", x.len());
+        #[cfg(target_arch = "x86_64")]
+        let quantized = match W::KIND {
+            moek_ir::Kind::Blocks(format)
+                if m >= crate::gemm::STREAM_ROWS && integer_gemm(format) =>
+            {
+                Some((
+                    format,
+                    crate::int_gemm::QuantizedRows::new(isa(), x, k, m, k),
+                ))
+            }
+            _ => None,
+        };
+        GemmRows {
+            x,
+            k,
+            #[cfg(target_arch = "x86_64")]
+            quantized,
+        }
+    }
+
+    /// `c[i*ldc + j] += sum over segs (in order) of x[ids[i]][seg] . b(j, seg)` for `j < n`:
+    /// row `j` of `b` starts `j * ldb` values in, the segments count values, and each segment's
+    /// product ([`Weight::gemm_nt`]) is added into `c` in turn.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm<W: Weight>(
+        &self,
+        ids: &[usize],
+        segs: &[(usize, usize)],
+        b: &[W],
+        ldb: usize,
+        c: &mut [f32],
+        ldc: usize,
+        n: usize,
+    ) {
+        let (m, k) = (ids.len(), self.k);
+        if m == 0 || n == 0 {
+            return;
+        }
+        let end = segs.iter().map(|&(_, e)| e).max().unwrap_or(0);
+        assert!(end <= k.min(ldb) && segs.iter().all(|&(s, e)| s <= e));
+        crate::gemm::assert_shape(
+            "GemmRows::gemm",
+            [m * k, b.len() * W::VALUES, c.len()],
+            [k, ldb, ldc],
+            [m, n, end],
+        );
+        #[cfg(target_arch = "x86_64")]
+        if let Some((format, q)) = &self.quantized
+            && m >= crate::gemm::STREAM_ROWS
+        {
+            assert_eq!(
+                W::KIND,
+                moek_ir::Kind::Blocks(*format),
+                "rows made ready for {format:?}"
+            );
+            assert!(segs.iter().all(|&(s, e)| s % GROUP == 0 && e % GROUP == 0));
+            // SAFETY: `new` found the level multiplies the format; the shapes are asserted.
+            return unsafe {
+                crate::int_gemm::gemm_quantized(isa(), *format, q, ids, segs, b, ldb, c, ldc, n)
+            };
+        }
+        let gathered;
+        let xs = if ids.iter().enumerate().all(|(i, &r)| i == r) {
+            self.x
+        } else {
+            let mut rows = crate::Scratch::<A>::zeroed(m * k);
+            crate::gather_rows_into(&mut rows, self.x, k, ids.iter().copied());
+            gathered = rows;
+            &gathered[..]
+        };
+        for &(s0, s1) in segs {
+            let w = crate::values(b, s0..);
+            W::gemm_nt(&xs[s0..], k, w, ldb, c, ldc, m, n, s1 - s0);
+        }
+    }
+}
+
 /// Whether [`gemm_blocks`] may round blocks of `Q` and activations in `A` to bf16 (AMX tiles
 /// or the `vdpbf16ps` tile): where that loses nothing (MXFP4's values, two significant bits
 /// times a power of two, beside a bf16 activation) or where the format admits the rounding.
@@ -801,6 +895,45 @@ mod tests {
             check::<BlockQ8<4>, half::bf16>(m, n);
             check::<BlockQ4<2>, half::f16>(m, n);
             check::<BlockMxfp4, half::bf16>(m, n);
+        }
+    }
+
+    /// Rows made ready once ([`GemmRows`]) give exactly what each product gives from its own
+    /// gathered rows, segment by segment: the same groups quantized, the same sums.
+    #[test]
+    fn rows_made_ready_once_match_each_product() {
+        fn check<Q: Weight, A: Element>(ids: &[usize]) {
+            let (rows, k, n) = (9, 8 * Q::VALUES, 21);
+            let segs = [(0, 3 * Q::VALUES), (3 * Q::VALUES, k)];
+            let w: Vec<Q> = quantize(&values(n * k, 5));
+            let x: Vec<A> = values(rows * k, 6).into_iter().map(A::from_f32).collect();
+            let mut got = vec![0.5f32; ids.len() * n];
+            GemmRows::new::<Q>(&x, rows, k).gemm(ids, &segs, &w, k, &mut got, n, n);
+            let mut gathered = vec![A::from_f32(0.0); ids.len() * k];
+            crate::gather_rows_into(&mut gathered, &x, k, ids.iter().copied());
+            let mut want = vec![0.5f32; ids.len() * n];
+            for (s0, s1) in segs {
+                let b = crate::values(&w, s0..);
+                Q::gemm_nt(
+                    &gathered[s0..],
+                    k,
+                    b,
+                    k,
+                    &mut want,
+                    n,
+                    ids.len(),
+                    n,
+                    s1 - s0,
+                );
+            }
+            assert_eq!(got, want, "{} rows {ids:?}", isa().name());
+        }
+        for ids in [&[4, 0, 8, 4, 2][..], &[1, 2], &[0, 1, 2, 3, 4, 5, 6, 7, 8]] {
+            check::<BlockQ8<1>, f32>(ids);
+            check::<BlockQ4<1>, half::bf16>(ids);
+            check::<BlockQ4<2>, half::f16>(ids);
+            check::<BlockMxfp4, half::bf16>(ids);
+            check::<half::bf16, half::bf16>(ids);
         }
     }
 

@@ -3,6 +3,7 @@
 //! multiplied beside activations of their own type, blocks beside either.
 
 use super::{Bank, Pair, Routes, add_gate_up_bias, blocks, combine_routes, with_pair};
+use crate::quant::GemmRows;
 use crate::{Element, Grid, Scratch, SharedOut, Weight, clip, values};
 use moek_ir::DimName::{F, H, T};
 use moek_ir::cpu::Tables;
@@ -208,6 +209,8 @@ fn grouped_with<W: Weight, A: Element>(
     let h_cols = blocks(&t.columns_h, h_n);
     let lists = crate::group_by_expert(&routes.idx[..t_n * r_n], e_n);
     let bias = bank.declared_bias(t);
+    // Every token's row made ready once, for gate and up and every expert it routes to.
+    let xr = GemmRows::new::<W>(x, t_n, h_n);
     let mut ys = vec![0f32; t_n * r_n * h_n];
     {
         let shared = SharedOut::new(&mut ys);
@@ -217,16 +220,12 @@ fn grouped_with<W: Weight, A: Element>(
                 return;
             }
             let n = slots.len();
-            // This worker's scratch, reused from one expert to the next.
-            let mut xs = Scratch::<A>::zeroed(n * h_n);
-            crate::gather_rows_into(&mut xs, x, h_n, slots.iter().map(|s| s / r_n));
+            let tokens: Vec<usize> = slots.iter().map(|s| s / r_n).collect();
             let bank_gu = values(bank.gate_up, e * 2 * f_n * h_n..(e + 1) * 2 * f_n * h_n);
             let bank_dn = values(bank.down, e * h_n * f_n..(e + 1) * h_n * f_n);
+            // This worker's scratch, reused from one expert to the next.
             let mut gu = Scratch::<f32>::zeroed(n * 2 * f_n);
-            for &(s0, s1) in h_blocks.iter() {
-                let (xs, w) = (&xs[s0..], values(bank_gu, s0..));
-                W::gemm_nt(xs, h_n, w, h_n, &mut gu, 2 * f_n, n, 2 * f_n, s1 - s0);
-            }
+            xr.gemm(&tokens, &h_blocks, bank_gu, h_n, &mut gu, 2 * f_n, 2 * f_n);
             let mut aw = Scratch::<W::Gated<A>>::zeroed(n * f_n);
             for (row, a) in aw.chunks_exact_mut(f_n).enumerate() {
                 let g = &gu[row * 2 * f_n..][..2 * f_n];
@@ -236,12 +235,13 @@ fn grouped_with<W: Weight, A: Element>(
                     *a = W::Gated::<A>::from_f32(pair(gj, uj));
                 }
             }
+            // The gated rows made ready once for every column block.
+            let ar = GemmRows::new::<W>(&aw, n, f_n);
+            let all: Vec<usize> = (0..n).collect();
             let mut y = Scratch::<f32>::zeroed(n * h_n);
             for &(c0, c1) in h_cols.iter() {
-                for &(s0, s1) in f_blocks.iter() {
-                    let (a, w) = (&aw[s0..], values(bank_dn, c0 * f_n + s0..));
-                    W::gemm_nt(a, f_n, w, f_n, &mut y[c0..], h_n, n, c1 - c0, s1 - s0);
-                }
+                let w = values(bank_dn, c0 * f_n..);
+                ar.gemm(&all, &f_blocks, w, f_n, &mut y[c0..], h_n, c1 - c0);
             }
             if let Some(b) = bias.down {
                 let b = &b[e * h_n..(e + 1) * h_n];
