@@ -1,9 +1,10 @@
 //! GEMM over Q8_0 and Q4_0 blocks in integer dot products, for prefill: the counterpart of the
 //! row products ([`crate::vnni`], [`crate::avx2`]), with the same numbers.
 //!
-//! Each activation row is quantized to 8 bits per group of 32 once per call, as decode does
-//! ([`crate::QuantizedActivation`]), and each weight row's groups are multiplied exactly in
-//! 32-bit integers. What makes it a GEMM is the layout: a panel of weight rows (16 on AVX-512,
+//! Each activation row is quantized to 8 bits per group of 32 as decode does
+//! ([`crate::QuantizedActivation`]): once a call, or once for many calls ([`QuantizedRows`],
+//! what [`crate::quant::GemmRows`] keeps for an MoE layer's tokens). Each weight row's groups
+//! are then multiplied exactly in 32-bit integers. What makes it a GEMM is the layout: a panel of weight rows (16 on AVX-512,
 //! 8 on AVX2: one a 32-bit lane) is repacked so that lane `r` of step `q` holds values
 //! `4q..4q + 4` of row `r`'s group, and one multiply against four activation bytes broadcast to
 //! every lane adds four products to each row's sum. A group is eight such steps, and the
