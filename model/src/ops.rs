@@ -21,10 +21,11 @@ pub struct Heads {
     pub window: Option<usize>,
 }
 use crate::quantized::Stored;
-use moek_cpu::quant::Weight;
+use moek_cpu::quant::{GemmRows, Weight};
 use moek_kernels::Element;
-use moek_kernels::ir::quant::{BlockMxfp4, BlockQ8_0};
+use moek_kernels::ir::quant::{BlockMxfp4, BlockQ4_0, BlockQ8_0};
 use rayon::prelude::*;
+use std::borrow::Borrow;
 use std::ops::Range;
 use std::sync::OnceLock;
 
@@ -83,8 +84,10 @@ pub fn linears<W: Element>(
     let wide = plain || rows >= moek_cpu::gemm::STREAM_ROWS;
     let a = if wide { to_w::<W>(x) } else { Vec::new() };
     // Rows made ready once for the products of matrices in blocks, shared by their column
-    // blocks (Q8_0 and Q4_0 read the same 8-bit groups).
+    // blocks: decode's (Q8_0 and Q4_0 read the same 8-bit groups), and prefill's GEMM rows
+    // (quantized once where the GEMM multiplies in integers).
     let (grouped, widened) = (OnceLock::new(), OnceLock::new());
+    let (rows_q8, rows_q4) = (OnceLock::new(), OnceLock::new());
     // Column blocks of the outputs, each a GEMM over all rows: a few per thread, so a GEMM packs
     // its rows of activations a few times per call. A streamed weight (decode) is cut finer, 8
     // blocks per thread, so that threads taking blocks of uneven matrices (q beside k, a
@@ -120,17 +123,20 @@ pub fn linears<W: Element>(
                 Stored::Q8_0(b) => {
                     let ready = || prepared::<BlockQ8_0>(x, inp);
                     let ready = || &grouped.get_or_init(ready)[..];
-                    block_rows(x, &a, ready, b, inp, c0..c1, &mut c)
+                    let gemm = || rows_q8.get_or_init(|| GemmRows::new::<BlockQ8_0>(&a, rows, inp));
+                    block_rows(x, ready, gemm, b, inp, c0..c1, &mut c)
                 }
                 Stored::Q4_0(b) => {
                     let ready = || prepared::<BlockQ8_0>(x, inp);
                     let ready = || &grouped.get_or_init(ready)[..];
-                    block_rows(x, &a, ready, b, inp, c0..c1, &mut c)
+                    let gemm = || rows_q4.get_or_init(|| GemmRows::new::<BlockQ4_0>(&a, rows, inp));
+                    block_rows(x, ready, gemm, b, inp, c0..c1, &mut c)
                 }
                 Stored::Mxfp4(b) => {
                     let ready = || prepared::<BlockMxfp4>(x, inp);
                     let ready = || &widened.get_or_init(ready)[..];
-                    block_rows(x, &a, ready, b, inp, c0..c1, &mut c)
+                    let gemm = || GemmRows::new::<BlockMxfp4>(&a, rows, inp);
+                    block_rows(x, ready, gemm, b, inp, c0..c1, &mut c)
                 }
             }
             c
@@ -154,14 +160,15 @@ fn prepared<Q: Weight>(x: &[f32], inp: usize) -> Vec<Q::Row<'_, f32>> {
 /// Outputs `cols` of every row of `x` (`[rows, inp]`) against a matrix in blocks, into `c`
 /// (`[rows, cols.len()]`). A few rows (decode): a row product per activation row, each row
 /// made ready once (`ready`) for every column block. More (prefill): one GEMM over the blocks
-/// (`moek_cpu::quant::gemm_blocks`, the rows in the model's type `W`, `a`), whose tiles
-/// dequantize a panel of the columns at a time into L1; it outruns integer dots row by row.
-/// Its rounding is the experts' prefill's (docs/quantization.md).
+/// (`moek_cpu::quant::GemmRows::gemm`, the rows in the model's type made ready once for every
+/// column block and matrix, `gemm`), whose tiles multiply a panel of the columns at a time; it
+/// outruns integer dots row by row. Its rounding is the experts' prefill's
+/// (docs/quantization.md).
 #[allow(clippy::too_many_arguments)]
-fn block_rows<'x, W: Element, Q: Weight>(
+fn block_rows<'x, 'a, W: Element, Q: Weight, G: Borrow<GemmRows<'a, W>>>(
     x: &[f32],
-    a: &[W],
     ready: impl FnOnce() -> &'x [Q::Row<'x, f32>],
+    gemm: impl FnOnce() -> G,
     blocks: &[Q],
     inp: usize,
     cols: Range<usize>,
@@ -176,7 +183,8 @@ fn block_rows<'x, W: Element, Q: Weight>(
     }
     let per_row = inp / Q::VALUES;
     let w = &blocks[cols.start * per_row..cols.end * per_row];
-    Q::gemm_nt(a, inp, w, inp, c, n, rows, n, inp);
+    let all: Vec<usize> = (0..rows).collect();
+    gemm().borrow().gemm(&all, &[(0, inp)], w, inp, c, n, n);
 }
 
 /// Inverse frequencies of a layer's RoPE: `theta^(-2j/d) / factor` for the rotated pairs, 0 for

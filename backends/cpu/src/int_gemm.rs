@@ -99,21 +99,25 @@ impl QuantizedRows {
             "{m} rows of {k} values"
         );
         let mut rows = Self::default();
-        let groups = rows.resize(m, k, 1);
+        // Padded to whole tiles of every level, so a product over all of them reads them as
+        // they are.
+        let groups = rows.resize(m, k, Avx512::TOKENS.max(Avx2::TOKENS));
         let each = rows.values.par_chunks_mut(k.max(1));
         let each = each.zip(rows.scales.par_chunks_mut(groups.max(1)));
         let each = each.zip(rows.sums.par_chunks_mut(groups.max(1)));
-        each.enumerate().for_each(|(i, ((values, scales), sums))| {
-            let row = &a[i * lda..][..k];
-            // SAFETY: `level` is this process's (the caller's check); the slices are one row's.
-            unsafe {
-                match level {
-                    Isa::Avx512Bf16 => quantize_row::<Avx512, A>(row, values, scales, sums),
-                    Isa::Avx2 => quantize_row::<Avx2, A>(row, values, scales, sums),
-                    other => unreachable!("no integer GEMM on {}", other.name()),
+        each.take(m)
+            .enumerate()
+            .for_each(|(i, ((values, scales), sums))| {
+                let row = &a[i * lda..][..k];
+                // SAFETY: `level` is this process's (the caller's check); the slices are one row's.
+                unsafe {
+                    match level {
+                        Isa::Avx512Bf16 => quantize_row::<Avx512, A>(row, values, scales, sums),
+                        Isa::Avx2 => quantize_row::<Avx2, A>(row, values, scales, sums),
+                        other => unreachable!("no integer GEMM on {}", other.name()),
+                    }
                 }
-            }
-        });
+            });
         rows
     }
 
@@ -205,16 +209,22 @@ unsafe fn quantize_row<L: Level, A: Element>(
 /// Per-thread operands: the activation rows of one product and the weight panel.
 #[derive(Default)]
 struct Scratch {
-    /// The product's rows, padded to whole tiles.
+    /// The product's rows, padded to whole tiles (unless they come ready).
     rows: QuantizedRows,
+    panel: Panel,
+}
+
+/// The weights' side of a product, and where each row's group sums start.
+#[derive(Default)]
+struct Panel {
     /// Per row and group, where its integer sum starts: minus the weights' bias times the sum
     /// of its values (a load, not a multiply, in the tile).
     starts: Vec<i32>,
     /// Per group, [`STEPS`] steps of repacked weights (a level's rows of 4 bytes each), on
     /// 64-byte lines.
-    panel: Vec<__m512i>,
+    steps: Vec<__m512i>,
     /// Per group, the panel rows' block scales (a level's rows of f32).
-    panel_scales: Vec<__m512>,
+    scales: Vec<__m512>,
 }
 
 thread_local! {
@@ -251,12 +261,13 @@ trait Level {
     /// The level's features are present; 32 elements are readable at `x`, writable at `out`.
     unsafe fn quantize_group<A: Element>(x: *const A, out: *mut i8) -> (f32, i32);
 
-    /// Tokens `row..row + TOKENS` of `s`'s rows against its panel of `groups` groups: per
-    /// token, the panel rows' sums, into `out` (`TOKENS x ROWS`).
+    /// Tokens `row..row + TOKENS` of `x` against the panel `p` of `groups` groups: per token,
+    /// the panel rows' sums, into `out` (`TOKENS x ROWS`).
     ///
     /// # Safety
-    /// The level's features are present; `s` holds those tokens, their starts and the panel.
-    unsafe fn tile(s: &Scratch, row: usize, groups: usize, out: &mut [f32]);
+    /// The level's features are present; `x` holds those tokens, `p` their starts and the
+    /// panel.
+    unsafe fn tile(x: &QuantizedRows, p: &Panel, row: usize, groups: usize, out: &mut [f32]);
 }
 
 /// `c[i*ldc + j] += sum_p a[i*lda + p] * b(j, p)` for `b` in blocks [`multiplies`] says
@@ -282,11 +293,11 @@ pub(crate) unsafe fn gemm<A: Element, Q: Element>(
         match level {
             Isa::Avx512Bf16 => SCRATCH.with_borrow_mut(|s| {
                 s.rows.quantize::<Avx512, A>(a, lda, m, k, Avx512::TOKENS);
-                multiply::<Avx512, Q>(s, m, Q::FORMAT, b, ldb, c, ldc, n);
+                multiply::<Avx512, Q>(&s.rows, &mut s.panel, m, Q::FORMAT, b, ldb, c, ldc, n);
             }),
             Isa::Avx2 => SCRATCH.with_borrow_mut(|s| {
                 s.rows.quantize::<Avx2, A>(a, lda, m, k, Avx2::TOKENS);
-                multiply::<Avx2, Q>(s, m, Q::FORMAT, b, ldb, c, ldc, n);
+                multiply::<Avx2, Q>(&s.rows, &mut s.panel, m, Q::FORMAT, b, ldb, c, ldc, n);
             }),
             other => unreachable!("no integer GEMM on {}", other.name()),
         }
@@ -312,36 +323,57 @@ pub(crate) unsafe fn gemm_quantized<Q: Element>(
     ldc: usize,
     n: usize,
 ) {
-    let m = ids.len();
-    for &(s0, s1) in segs {
-        assert!(
-            s0.is_multiple_of(Q::VALUES),
-            "segment {s0}..{s1}: not whole blocks"
-        );
-        let (groups, b) = (s0 / GROUP..s1 / GROUP, &b[s0 / Q::VALUES..]);
-        // SAFETY: forwarded.
-        unsafe {
-            match level {
-                Isa::Avx512Bf16 => SCRATCH.with_borrow_mut(|s| {
-                    s.rows.gather(x, ids, groups, Avx512::TOKENS);
-                    multiply::<Avx512, Q>(s, m, format, b, ldb, c, ldc, n);
-                }),
-                Isa::Avx2 => SCRATCH.with_borrow_mut(|s| {
-                    s.rows.gather(x, ids, groups, Avx2::TOKENS);
-                    multiply::<Avx2, Q>(s, m, format, b, ldb, c, ldc, n);
-                }),
-                other => unreachable!("no integer GEMM on {}", other.name()),
-            }
+    // SAFETY: forwarded.
+    unsafe {
+        match level {
+            Isa::Avx512Bf16 => quantized_on::<Avx512, Q>(format, x, ids, segs, b, ldb, c, ldc, n),
+            Isa::Avx2 => quantized_on::<Avx2, Q>(format, x, ids, segs, b, ldb, c, ldc, n),
+            other => unreachable!("no integer GEMM on {}", other.name()),
         }
     }
 }
 
-/// The scratch's `m` rows (`k` values each) against `n` rows of `b` (`format`'s blocks), the
-/// sums added into `c`: panels of [`Level::ROWS`] weight rows repacked, then every tile of
-/// tokens.
+/// [`gemm_quantized`] at level `L`: all of `x`'s rows over their whole length as they are,
+/// else each segment's groups of rows `ids` gathered first.
+#[allow(clippy::too_many_arguments)]
+unsafe fn quantized_on<L: Level, Q: Element>(
+    format: BlockFormat,
+    x: &QuantizedRows,
+    ids: &[usize],
+    segs: &[(usize, usize)],
+    b: &[Q],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+    n: usize,
+) {
+    let m = ids.len();
+    let whole = segs == [(0, x.k)] && ids.iter().enumerate().all(|(i, &r)| i == r);
+    SCRATCH.with_borrow_mut(|s| {
+        if whole && x.sums.len() >= m.next_multiple_of(L::TOKENS) * (x.k / GROUP) {
+            // SAFETY: forwarded; `x` is padded to whole tiles (checked).
+            return unsafe { multiply::<L, Q>(x, &mut s.panel, m, format, b, ldb, c, ldc, n) };
+        }
+        for &(s0, s1) in segs {
+            assert!(
+                s0.is_multiple_of(Q::VALUES),
+                "segment {s0}..{s1}: not whole blocks"
+            );
+            s.rows.gather(x, ids, s0 / GROUP..s1 / GROUP, L::TOKENS);
+            let b = &b[s0 / Q::VALUES..];
+            // SAFETY: forwarded.
+            unsafe { multiply::<L, Q>(&s.rows, &mut s.panel, m, format, b, ldb, c, ldc, n) };
+        }
+    });
+}
+
+/// `m` rows of `x` (padded to whole tiles) against `n` rows of `b` (`format`'s blocks), the
+/// sums added into `c`: panels of [`Level::ROWS`] weight rows repacked into `p`, then every
+/// tile of tokens.
 #[allow(clippy::too_many_arguments)]
 unsafe fn multiply<L: Level, Q: Element>(
-    s: &mut Scratch,
+    x: &QuantizedRows,
+    p: &mut Panel,
     m: usize,
     format: BlockFormat,
     b: &[Q],
@@ -357,22 +389,25 @@ unsafe fn multiply<L: Level, Q: Element>(
         L::ROWS * row_bytes < i32::MAX as usize,
         "rows of {row_bytes} bytes are too far apart to gather"
     );
-    let (k, groups) = (s.rows.k, s.rows.k / GROUP);
+    let (k, groups) = (x.k, x.k / GROUP);
+    assert!(
+        x.sums.len() >= m.next_multiple_of(L::TOKENS) * groups,
+        "rows not padded to tiles"
+    );
     assert!(k <= ldb, "{k} values a row beyond rows of {ldb}");
     let step_bytes = L::ROWS * 4;
-    s.panel
+    p.steps
         .resize((groups * STEPS * step_bytes).div_ceil(64), unsafe {
             // SAFETY: all-zero bits are a valid vector.
             std::mem::zeroed()
         });
-    s.panel_scales
-        .resize((groups * L::ROWS).div_ceil(16), unsafe {
-            // SAFETY: as above.
-            std::mem::zeroed()
-        });
-    s.starts.clear();
-    s.starts
-        .extend(s.rows.sums.iter().map(|&sum| -layout.bias * sum));
+    p.scales.resize((groups * L::ROWS).div_ceil(16), unsafe {
+        // SAFETY: as above.
+        std::mem::zeroed()
+    });
+    p.starts.clear();
+    p.starts
+        .extend(x.sums.iter().map(|&sum| -layout.bias * sum));
     let mut out = vec![0f32; L::TOKENS * L::ROWS];
     let mut offsets = vec![0i32; L::ROWS];
     let base = b.as_ptr().cast::<u8>();
@@ -382,8 +417,8 @@ unsafe fn multiply<L: Level, Q: Element>(
         for (r, o) in offsets.iter_mut().enumerate() {
             *o = ((j0 + r.min(nj - 1)) * row_bytes) as i32;
         }
-        let steps = s.panel.as_mut_ptr().cast::<u8>();
-        let scales = s.panel_scales.as_mut_ptr().cast::<f32>();
+        let steps = p.steps.as_mut_ptr().cast::<u8>();
+        let scales = p.scales.as_mut_ptr().cast::<f32>();
         for g in 0..groups {
             let block = (g / block_groups) * std::mem::size_of::<Q>();
             let group = block + SCALE_BYTES + (g % block_groups) * layout.group_bytes;
@@ -403,7 +438,7 @@ unsafe fn multiply<L: Level, Q: Element>(
         }
         for row in (0..m).step_by(L::TOKENS) {
             // SAFETY: the scratch holds whole tiles of tokens and the panel all `groups`.
-            unsafe { L::tile(s, row, groups, &mut out) };
+            unsafe { L::tile(x, p, row, groups, &mut out) };
             for (t, sums) in out.chunks_exact(L::ROWS).enumerate().take(m - row) {
                 let dst = &mut c[(row + t) * ldc + j0..][..nj];
                 dst.iter_mut().zip(sums).for_each(|(d, v)| *d += v);
@@ -484,12 +519,12 @@ impl Level for Avx512 {
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn tile(s: &Scratch, row: usize, groups: usize, out: &mut [f32]) {
+    unsafe fn tile(x: &QuantizedRows, p: &Panel, row: usize, groups: usize, out: &mut [f32]) {
         let mut acc = [_mm512_setzero_ps(); Self::TOKENS];
-        let (x, k) = (&s.rows, s.rows.k);
+        let k = x.k;
         let values = x.values.as_ptr();
-        let panel = s.panel.as_ptr();
-        let scales = s.panel_scales.as_ptr();
+        let panel = p.steps.as_ptr();
+        let scales = p.scales.as_ptr();
         for g in 0..groups {
             // SAFETY: the panel holds the groups' STEPS registers and their scales; the rows
             // hold tokens `row..row + TOKENS` (padded), `k` values each.
@@ -499,7 +534,7 @@ impl Level for Avx512 {
                 for (t, acc) in acc.iter_mut().enumerate() {
                     let at = (row + t) * groups + g;
                     let xq = values.add((row + t) * k + g * GROUP).cast::<i32>();
-                    let mut sum = _mm512_set1_epi32(*s.starts.get_unchecked(at));
+                    let mut sum = _mm512_set1_epi32(*p.starts.get_unchecked(at));
                     for (q, &w) in w.iter().enumerate() {
                         let xq = _mm512_set1_epi32(xq.add(q).read_unaligned());
                         sum = _mm512_dpbusd_epi32(sum, w, xq);
@@ -607,12 +642,12 @@ impl Level for Avx2 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn tile(s: &Scratch, row: usize, groups: usize, out: &mut [f32]) {
+    unsafe fn tile(x: &QuantizedRows, p: &Panel, row: usize, groups: usize, out: &mut [f32]) {
         let mut acc = [_mm256_setzero_ps(); Self::TOKENS];
-        let (x, k) = (&s.rows, s.rows.k);
+        let k = x.k;
         let values = x.values.as_ptr();
-        let panel = s.panel.as_ptr().cast::<__m256i>();
-        let scales = s.panel_scales.as_ptr().cast::<f32>();
+        let panel = p.steps.as_ptr().cast::<__m256i>();
+        let scales = p.scales.as_ptr().cast::<f32>();
         let ones = _mm256_set1_epi16(1);
         for g in 0..groups {
             // SAFETY: as for AVX-512, 8 rows a step.
@@ -630,7 +665,7 @@ impl Level for Avx2 {
                     }
                     let sum = _mm256_add_epi32(
                         _mm256_madd_epi16(pairs, ones),
-                        _mm256_set1_epi32(*s.starts.get_unchecked(at)),
+                        _mm256_set1_epi32(*p.starts.get_unchecked(at)),
                     );
                     let scaled = _mm256_mul_ps(
                         _mm256_cvtepi32_ps(sum),

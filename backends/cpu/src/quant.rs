@@ -575,8 +575,9 @@ impl<'a, A: Element> GemmRows<'a, A> {
             };
         }
         let gathered;
-        let xs = if ids.iter().enumerate().all(|(i, &r)| i == r) {
-            self.x
+        // Rows in a run are read in place.
+        let xs = if ids.windows(2).all(|w| w[1] == w[0] + 1) {
+            &self.x[ids[0] * k..]
         } else {
             let mut rows = crate::Scratch::<A>::zeroed(m * k);
             crate::gather_rows_into(&mut rows, self.x, k, ids.iter().copied());

@@ -33,6 +33,8 @@ fn gemm_gate_up<W: Weight, A: Element, M: Fn(Range<usize>) -> Range<usize> + Syn
     let ph = p.of_dim(H);
     let grid = Grid::new([(t_n, p.of_dim(T)), (f_n, p.of_dim(F)), (h_n, ph)]);
     let h_blocks = blocks(&t.reduce_h, h_n);
+    // The rows made ready once for gate and up and every unit.
+    let xr = GemmRows::new::<W>(rows.xs, n, h_n);
     let mut partials = vec![0f32; ph * n * 2 * f_n];
     {
         let shared = SharedOut::new(&mut partials);
@@ -44,14 +46,11 @@ fn gemm_gate_up<W: Weight, A: Element, M: Fn(Range<usize>) -> Range<usize> + Syn
                 return;
             }
             let segs = clip(&h_blocks, hr);
-            let xm = &rows.xs[m.start * h_n..m.end * h_n];
+            let ids: Vec<usize> = m.clone().collect();
             for (mat, off) in [(gate, 0), (up, f_n)] {
-                let mut c = vec![0f32; m.len() * fr.len()];
-                for &(s0, s1) in &segs {
-                    let (fl, ml) = (fr.len(), m.len());
-                    let w = values(mat, fr.start * h_n + s0..);
-                    W::gemm_nt(&xm[s0..], h_n, w, h_n, &mut c, fl, ml, fl, s1 - s0);
-                }
+                let (fl, w) = (fr.len(), values(mat, fr.start * h_n..));
+                let mut c = vec![0f32; m.len() * fl];
+                xr.gemm(&ids, &segs, w, h_n, &mut c, fl, fl);
                 let at = (hp * n + m.start) * 2 * f_n + off + fr.start;
                 // SAFETY: this unit owns rows m, columns fr of its H part.
                 unsafe { shared.write_tile(at, 2 * f_n, &c, m.len(), fr.len()) };
@@ -88,6 +87,8 @@ fn gemm_down<W: Weight, A: Element, M: Fn(Range<usize>) -> Range<usize> + Sync>(
     let grid = Grid::new([(t_n, p.of_dim(T)), (h_n, p.of_dim(H)), (f_n, f_parts)]);
     let f_blocks = blocks(&t.reduce_f, f_n);
     let h_cols = blocks(&t.columns_h, h_n);
+    // The gated rows made ready once for every unit and column block.
+    let ar = GemmRows::new::<W>(aw, n, f_n);
     let mut y = vec![0f32; f_parts * n * h_n];
     {
         let shared = SharedOut::new(&mut y);
@@ -99,14 +100,11 @@ fn gemm_down<W: Weight, A: Element, M: Fn(Range<usize>) -> Range<usize> + Sync>(
                 return;
             }
             let segs = clip(&f_blocks, fr);
-            let am = &aw[m.start * f_n..m.end * f_n];
+            let ids: Vec<usize> = m.clone().collect();
             for (c0, c1) in clip(&h_cols, hr) {
                 let (cl, ml) = (c1 - c0, m.len());
                 let mut c = vec![0f32; ml * cl];
-                for &(s0, s1) in &segs {
-                    let w = values(down, c0 * f_n + s0..);
-                    W::gemm_nt(&am[s0..], f_n, w, f_n, &mut c, cl, ml, cl, s1 - s0);
-                }
+                ar.gemm(&ids, &segs, values(down, c0 * f_n..), f_n, &mut c, cl, cl);
                 // SAFETY: this unit owns rows m, columns c0..c1 of its F part.
                 unsafe { shared.write_tile((fp * n + m.start) * h_n + c0, h_n, &c, ml, cl) };
             }
