@@ -216,9 +216,17 @@ impl<const G: usize> Element for BlockQ4<G> {
             "a Q4 block holds {} values",
             Self::VALUES
         );
-        let max = values
-            .iter()
-            .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+        // The first value of the largest magnitude (0 when all are zero or NaN), found in two
+        // passes the compiler vectorizes rather than one chain of dependent selects.
+        let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let max = match amax {
+            0.0 => 0.0,
+            _ => values
+                .iter()
+                .copied()
+                .find(|v| v.abs() == amax)
+                .unwrap_or(0.0),
+        };
         let d = max / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         let q = |v: f32| ((v * id + 8.5) as i32).clamp(0, 15) as u8;
@@ -383,6 +391,21 @@ mod tests {
             }
         }
         best
+    }
+
+    /// Q4_0's scale follows the first value of the largest magnitude, as llama.cpp's does: its
+    /// sign decides which end of the nibbles the largest values take; all zeros scale by 0.
+    #[test]
+    fn q4_scale_follows_the_first_largest_value() {
+        let mut v = [0f32; GROUP];
+        (v[3], v[9], v[20]) = (-2.0, 2.0, f32::NAN);
+        let b = BlockQ4_0::quantize(&v);
+        assert_eq!(b.scale(), 0.25, "-2 first: d = -2 / -8");
+        assert_eq!((b.nibble(3), b.nibble(9)), (0, 15));
+        (v[3], v[9]) = (2.0, -2.0);
+        assert_eq!(BlockQ4_0::quantize(&v).scale(), -0.25);
+        let zeros = BlockQ4_0::quantize(&[-0.0; GROUP]);
+        assert_eq!(zeros.d, f16::from_f32(0.0 / -8.0).to_bits());
     }
 
     #[test]
