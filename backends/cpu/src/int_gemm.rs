@@ -89,8 +89,6 @@ pub(crate) struct QuantizedRows {
 
 impl QuantizedRows {
     /// Rows `0..m` of `a` (`lda` apart, `k` values each) quantized at `level`, one of those
-    /// [`multiplies`] names.
-    /// Rows `0..m` of `a` (`lda` apart, `k` values each) quantized at `level`, one of those
     /// [`multiplies`] names, rows in parallel.
     pub(crate) fn new<A: Element>(level: Isa, a: &[A], lda: usize, m: usize, k: usize) -> Self {
         use rayon::prelude::*;
@@ -134,20 +132,12 @@ impl QuantizedRows {
         pad: usize,
     ) {
         let groups = self.resize(m, k, pad);
-        for i in 0..m {
-            let (values, scales) = (
-                &mut self.values[i * k..][..k],
-                &mut self.scales[i * groups..],
-            );
+        let each = self.values.chunks_exact_mut(k.max(1));
+        let each = each.zip(self.scales.chunks_exact_mut(groups.max(1)));
+        let each = each.zip(self.sums.chunks_exact_mut(groups.max(1)));
+        for (i, ((values, scales), sums)) in each.take(m).enumerate() {
             // SAFETY: forwarded.
-            unsafe {
-                quantize_row::<L, A>(
-                    &a[i * lda..][..k],
-                    values,
-                    &mut scales[..groups],
-                    &mut self.sums[i * groups..][..groups],
-                )
-            };
+            unsafe { quantize_row::<L, A>(&a[i * lda..][..k], values, scales, sums) };
         }
     }
 
