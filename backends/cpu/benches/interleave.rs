@@ -157,10 +157,7 @@ fn pair(c: &mut Criterion, group: &str, rows: usize, threads: usize) {
     let segs = [(0, H)];
     let share = rows / threads;
     // Each thread's share of the rows, inline for one (a spawn would outweigh 64 rows).
-    fn split<T: Sync>(out: &mut [f32], share: usize, run: &T)
-    where
-        T: Fn(usize, &mut [f32]) + Sync,
-    {
+    fn split(out: &mut [f32], share: usize, run: &(impl Fn(usize, &mut [f32]) + Sync)) {
         if out.len() == share {
             return run(0, out);
         }
@@ -209,7 +206,7 @@ fn pair(c: &mut Criterion, group: &str, rows: usize, threads: usize) {
 fn benches(c: &mut Criterion) {
     pair(c, "interleave_in_cache", 64, 1);
     pair(c, "interleave_streamed", 327_680, 2);
-    let probe = moek_cpu::bandwidth::Probe::new(1 << 30);
+    let probe = moek_cpu::bandwidth::Probe::new(moek_cpu::bandwidth::probe_bytes());
     eprintln!("bandwidth probe: {:.1} GB/s", probe.best_of(5) / 1e9);
 }
 

@@ -7,10 +7,13 @@ pub enum Format {
     Json,
 }
 
-/// The probe read before each timed decode call or step: 256 MiB (8 times the last-level caches
-/// here), in huge pages like the weights, best of two passes. Shared machines change memory speed
-/// from one second to the next, so each sample is judged against its own moment.
-pub(crate) const SAMPLE_PROBE_BYTES: usize = 256 << 20;
+/// The probe read before each timed decode call or step: past the largest cache
+/// ([`moek_cpu::bandwidth::probe_bytes`]), in huge pages like the weights, best of two passes.
+/// Shared machines change memory speed from one second to the next, so each sample is judged
+/// against its own moment.
+pub(crate) fn sample_probe() -> moek_cpu::bandwidth::Probe {
+    moek_cpu::bandwidth::Probe::new(moek_cpu::bandwidth::probe_bytes())
+}
 
 /// The median over samples of `bytes / bandwidth[i] / times[i]`: each timed sample's share of
 /// the read bandwidth probed just before it.

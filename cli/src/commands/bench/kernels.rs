@@ -9,7 +9,7 @@
 //! one run.
 
 use super::BenchArgs;
-use crate::commands::figures::{Format, SAMPLE_PROBE_BYTES, median, median_ratio, print_json};
+use crate::commands::figures::{Format, median, median_ratio, print_json, sample_probe};
 use crate::commands::{CommandError, spec};
 use half::bf16;
 use moek_kernels::ir::Op;
@@ -109,7 +109,7 @@ pub fn measure(iters: usize) -> Result<Figures, CommandError> {
     let mut times = [vec![], vec![]];
     let mut bandwidth = [vec![], vec![]];
     let mut out = vec![0f32; 2816];
-    let probe = moek_cpu::bandwidth::Probe::new(SAMPLE_PROBE_BYTES);
+    let probe = sample_probe();
     for i in 0..2 * iters {
         (case.idx, case.weights) = routes(1, 8, 128, 100 + i as u64);
         let inputs = case.inputs();

@@ -6,7 +6,7 @@
 
 use super::{BenchArgs, Geometry};
 use crate::commands::CommandError;
-use crate::commands::figures::{Format, SAMPLE_PROBE_BYTES, median, median_ratio, print_json};
+use crate::commands::figures::{Format, median, median_ratio, print_json, sample_probe};
 use half::bf16;
 use moek_kernels::ir::BlockFormat;
 use moek_model::checkpoint::{Checkpoint, LoadError};
@@ -367,7 +367,7 @@ fn timed(
     // Peak memory through prefill, before the step probe's buffer: decode steps add only rows of
     // the KV cache.
     let peak_rss_bytes = peak_rss();
-    let probe = moek_cpu::bandwidth::Probe::new(SAMPLE_PROBE_BYTES);
+    let probe = sample_probe();
     let mut bandwidth = vec![];
     let mut samples = vec![];
     let mut parts: [Vec<f64>; PARTS.len()] = Default::default();

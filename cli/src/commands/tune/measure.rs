@@ -6,7 +6,7 @@
 
 use super::space::{Dims, Problem, Schedule};
 use super::{Ranked, Search};
-use crate::commands::figures::{SAMPLE_PROBE_BYTES, median};
+use crate::commands::figures::{median, sample_probe};
 use moek_kernels::inputs::AnyInputs;
 use moek_kernels::ir::{DType, Kernel, Op, Selection};
 use moek_kernels::testing::{Case, routes};
@@ -214,7 +214,7 @@ fn run<C: Bench>(
         entries.push((s, KernelEntry::scheduled(k)));
     }
     let decode = d.t <= 8;
-    let probe = (on_cpu && decode).then(|| moek_cpu::bandwidth::Probe::new(SAMPLE_PROBE_BYTES));
+    let probe = (on_cpu && decode).then(sample_probe);
     let mut bandwidth = Vec::new();
     // The built-in's times in the final round: its figure is taken at the finalists' moments.
     let mut final_incumbent = Vec::new();
