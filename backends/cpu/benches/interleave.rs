@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 /// The 26B-A4B's hidden size: one row's values.
 const H: usize = 2816;
 const BLOCKS: usize = H / 32;
+// The split-row kernel steps four blocks at a time.
+const _: () = assert!(BLOCKS.is_multiple_of(4));
 /// Rows a tile interleaves: one per 32-bit lane of a 512-bit vector.
 const LANES: usize = 16;
 
@@ -199,6 +201,15 @@ fn tiles_run() -> bool {
     false
 }
 
+fn split(mat: &[u8], x: &QuantizedActivation, out: &mut [f32]) {
+    assert!(tiles_run());
+    // SAFETY: the features were detected.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        split_kernel(mat, x, out)
+    }
+}
+
 fn tiled(tiles: &[Tile], x: &TileActivation, out: &mut [f32]) {
     assert!(tiles_run());
     // SAFETY: the features were detected.
@@ -290,17 +301,14 @@ fn pair(c: &mut Criterion, group: &str, rows: usize, threads: usize, probe: Opti
     tiled(&tiles, &tile_x, &mut tiled_out);
     BlockQ4_0::matvec_row::<f32>(&xr, &mat, H, 0..rows, &segs, &mut out);
     assert_agree(&out, &tiled_out, "tiles");
-    let split = split_rows(&mat, rows);
+    let split_mat = split_rows(&mat, rows);
     let mut split_out = vec![0f32; rows];
-    // SAFETY: AVX-512 VNNI is present (`tiles_run`).
-    unsafe { split_kernel(&split, &xq, &mut split_out) };
+    split(&split_mat, &xq, &mut split_out);
     assert_agree(&out, &split_out, "split rows");
     g.bench_function(BenchmarkId::new("split", moek_cpu::isa().name()), |b| {
         let per = share * BLOCKS * size_of::<BlockQ4_0>();
-        // SAFETY: as above.
-        let run = |i: usize, out: &mut [f32]| unsafe {
-            split_kernel(black_box(&split[i * per..][..per]), &xq, out)
-        };
+        let run =
+            |i: usize, out: &mut [f32]| split(black_box(&split_mat[i * per..][..per]), &xq, out);
         b.iter_custom(|iters| timed(iters, &mut || each_share(&mut split_out, share, &run)))
     });
     g.bench_function(BenchmarkId::new("tiles", moek_cpu::isa().name()), |b| {
