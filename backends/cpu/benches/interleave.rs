@@ -27,6 +27,8 @@ const H: usize = 2816;
 const BLOCKS: usize = H / 32;
 // The split-row kernel steps four blocks at a time.
 const _: () = assert!(BLOCKS.is_multiple_of(4));
+/// One row's bytes, in every layout.
+const ROW_BYTES: usize = BLOCKS * size_of::<BlockQ4_0>();
 /// Rows a tile interleaves: one per 32-bit lane of a 512-bit vector.
 const LANES: usize = 16;
 
@@ -130,9 +132,8 @@ fn tile_rows(tiles: &[Tile], x: &TileActivation, out: &mut [f32]) {
 /// `mat` with each row's blocks split: the row's scales first, then its nibbles, block after
 /// block (as many bytes a row as before), in huge pages.
 fn split_rows(mat: &[BlockQ4_0], rows: usize) -> Vec<u8> {
-    let row_bytes = BLOCKS * size_of::<BlockQ4_0>();
-    let mut out: Vec<u8> = moek_cpu::memory::huge_vec(rows * row_bytes);
-    for (r, dst) in out.chunks_exact_mut(row_bytes).enumerate() {
+    let mut out: Vec<u8> = moek_cpu::memory::huge_vec(rows * ROW_BYTES);
+    for (r, dst) in out.chunks_exact_mut(ROW_BYTES).enumerate() {
         let (d, qs) = dst.split_at_mut(BLOCKS * 2);
         for (b, block) in mat[r * BLOCKS..(r + 1) * BLOCKS].iter().enumerate() {
             d[2 * b..2 * b + 2].copy_from_slice(&block.d.to_le_bytes());
@@ -156,9 +157,8 @@ fn split_kernel(mat: &[u8], x: &QuantizedActivation, out: &mut [f32]) {
         // SAFETY: 64 bytes.
         unsafe { _mm512_loadu_si512(at.as_ptr().cast()) }
     });
-    let row_bytes = BLOCKS * size_of::<BlockQ4_0>();
     let ahead = moek_cpu::dot::PREFETCH_AHEAD;
-    for (row, o) in mat.chunks_exact(row_bytes).zip(out.iter_mut()) {
+    for (row, o) in mat.chunks_exact(ROW_BYTES).zip(out.iter_mut()) {
         let (d, qs) = (row.as_ptr(), row[BLOCKS * 2..].as_ptr());
         let mut acc = [_mm512_setzero_ps(); 4];
         for line in (0..BLOCKS * 2).step_by(64) {
@@ -194,7 +194,7 @@ fn split_kernel(mat: &[u8], x: &QuantizedActivation, out: &mut [f32]) {
     }
 }
 
-fn tiles_run() -> bool {
+fn contenders_run() -> bool {
     #[cfg(target_arch = "x86_64")]
     return is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw");
     #[cfg(not(target_arch = "x86_64"))]
@@ -202,7 +202,7 @@ fn tiles_run() -> bool {
 }
 
 fn split(mat: &[u8], x: &QuantizedActivation, out: &mut [f32]) {
-    assert!(tiles_run());
+    assert!(contenders_run());
     // SAFETY: the features were detected.
     #[cfg(target_arch = "x86_64")]
     unsafe {
@@ -211,7 +211,7 @@ fn split(mat: &[u8], x: &QuantizedActivation, out: &mut [f32]) {
 }
 
 fn tiled(tiles: &[Tile], x: &TileActivation, out: &mut [f32]) {
-    assert!(tiles_run());
+    assert!(contenders_run());
     // SAFETY: the features were detected.
     #[cfg(target_arch = "x86_64")]
     unsafe {
@@ -238,7 +238,8 @@ fn assert_agree(rows: &[f32], other: &[f32], what: &str) {
     );
 }
 
-/// The row kernel and the tile kernel over one matrix of `rows` rows, split between `threads`.
+/// The row, split-row and tile kernels over one matrix of `rows` rows, split between `threads`,
+/// each timed pass after a pass of `probe` where one is given.
 fn pair(c: &mut Criterion, group: &str, rows: usize, threads: usize, probe: Option<&Probe>) {
     let mat: Vec<BlockQ4_0> = {
         let drawn: Vec<BlockQ4_0> = quantize(&values(rows * H, 1));
@@ -290,7 +291,7 @@ fn pair(c: &mut Criterion, group: &str, rows: usize, threads: usize, probe: Opti
         };
         b.iter_custom(|iters| timed(iters, &mut || each_share(&mut out, share, &run)))
     });
-    if !tiles_run() {
+    if !contenders_run() {
         eprintln!(
             "{group}: the tile and split kernels need AVX-512 VNNI, which this CPU lacks; rows alone"
         );
@@ -306,7 +307,7 @@ fn pair(c: &mut Criterion, group: &str, rows: usize, threads: usize, probe: Opti
     split(&split_mat, &xq, &mut split_out);
     assert_agree(&out, &split_out, "split rows");
     g.bench_function(BenchmarkId::new("split", moek_cpu::isa().name()), |b| {
-        let per = share * BLOCKS * size_of::<BlockQ4_0>();
+        let per = share * ROW_BYTES;
         let run =
             |i: usize, out: &mut [f32]| split(black_box(&split_mat[i * per..][..per]), &xq, out);
         b.iter_custom(|iters| timed(iters, &mut || each_share(&mut split_out, share, &run)))
@@ -324,11 +325,9 @@ fn benches(c: &mut Criterion) {
     pair(c, "interleave_in_cache", 64, 1, None);
     // Past the largest cache twice over, as the probe reads: a matrix the L3 could partly keep
     // from one pass to the next would stream faster than memory does.
-    let row_bytes = BLOCKS * size_of::<BlockQ4_0>();
-    let streamed = moek_cpu::bandwidth::probe_bytes()
-        .div_ceil(row_bytes)
-        .next_multiple_of(2 * LANES);
-    let probe = Probe::new(moek_cpu::bandwidth::probe_bytes());
+    let bytes = moek_cpu::bandwidth::probe_bytes();
+    let streamed = bytes.div_ceil(ROW_BYTES).next_multiple_of(2 * LANES);
+    let probe = Probe::new(bytes);
     pair(c, "interleave_streamed", streamed, 2, Some(&probe));
     eprintln!("bandwidth probe: {:.1} GB/s", probe.best_of(5) / 1e9);
 }
