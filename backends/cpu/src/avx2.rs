@@ -547,20 +547,16 @@ fn f16_bits_to_f32(bits: u16) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
-/// Values `at..at + dst.len()` of `b` (whole blocks), exactly, into `dst`, fetching as many
-/// bytes from value `ahead` on alongside. A block's scale is broadcast once and its integers or
+/// Values `at..at + dst.len()` of `b` (whole blocks), exactly, into `dst`. A block's scale is broadcast once and its integers or
 /// e2m1 codes widened 8 at a time (an e2m1 code's magnitude from a `vpermps` of the table's
 /// first half, its sign from bit 3).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dequantize<W: Element>(b: &[W], at: usize, dst: &mut [f32], ahead: Option<usize>) {
+unsafe fn dequantize<W: Element>(b: &[W], at: usize, dst: &mut [f32]) {
     use moek_ir::quant::{E2M1, E8M0_POWERS, GROUP};
     use moek_ir::{BlockFormat, Kind as Stored};
     let v = W::VALUES;
     let blocks = &b[at / v..(at + dst.len()) / v];
-    if let Some(ahead) = ahead {
-        crate::quant::prefetch_blocks(b, ahead, blocks.len());
-    }
     let bytes: &[u8] = bytemuck::cast_slice(blocks);
     let out = dst.as_mut_ptr();
     // SAFETY: `dst` holds `v` values a block, 8 at a time.
@@ -629,7 +625,7 @@ unsafe fn dequantize<W: Element>(b: &[W], at: usize, dst: &mut [f32], ahead: Opt
 /// GEMM `c += a . b^T` as f32 FMA tiles over widened operands (see [`crate::gemm`]).
 pub(crate) mod gemm {
     use super::*;
-    use crate::gemm::{aligned, tile_rows};
+    use crate::gemm::{Ahead, Fetch, aligned, tile_rows};
 
     /// Rows of `a` per register tile.
     const MR: usize = 4;
@@ -707,7 +703,7 @@ pub(crate) mod gemm {
             let row = &mut a32[i * k8..(i + 1) * k8];
             row[k..].fill(0.0);
             // SAFETY: row i of `a` holds `k` elements (checked by the caller).
-            unsafe { widen::<K>(a.as_ptr().add(i * lda).cast(), k, &mut row[..k], None) };
+            unsafe { widen::<K>(a.as_ptr().add(i * lda).cast(), k, &mut row[..k]) };
         }
         let tiles = m.div_ceil(MR);
         let mut acc: Vec<Acc> = vec![[[_mm256_setzero_ps(); NR]; MR]; tiles];
@@ -726,22 +722,19 @@ pub(crate) mod gemm {
                     let dst = &mut panel[r * PANEL_LD..r * PANEL_LD + steps];
                     dst[len..].fill(0.0);
                     if W::VALUES > 1 {
-                        let ahead = next.map(|nx| nx[r] + kc);
                         // SAFETY: row `j0 + r` of `b` holds `k` values from `off`.
-                        unsafe { dequantize(b, off + kc, &mut dst[..len], ahead) };
+                        unsafe { dequantize(b, off + kc, &mut dst[..len]) };
                         continue;
                     }
-                    // The same chunk of the next panel's row is fetched while this one widens
-                    // (plain `b` is of `a`'s kind `K`).
-                    // SAFETY: row `j0 + r` of `b` holds `k` elements from `off`, and so does
-                    // the next panel's row.
+                    // SAFETY: row `j0 + r` of `b` (plain: of `a`'s kind `K`) holds `k` elements
+                    // from `off`.
                     unsafe {
                         let base = b.as_ptr().cast::<u8>();
-                        let ahead = next.map(|nx| base.add((nx[r] + kc) * size));
-                        widen::<K>(base.add((off + kc) * size), len, &mut dst[..len], ahead);
+                        widen::<K>(base.add((off + kc) * size), len, &mut dst[..len]);
                     }
                 }
                 for (t, tile_acc) in acc.iter_mut().enumerate() {
+                    let ahead = next.map(|nx| Ahead::share(b, nx, (kc, len), (t, tiles)));
                     let arows = tile_rows::<MR>(k8, t * MR, MR.min(m - t * MR));
                     // SAFETY: a32 rows hold k8 >= kc + steps elements; panel rows hold KC.
                     unsafe {
@@ -750,6 +743,7 @@ pub(crate) mod gemm {
                             std::array::from_fn(|r| panel.as_ptr().add(r * PANEL_LD)),
                             steps,
                             tile_acc,
+                            ahead,
                         )
                     };
                 }
@@ -766,26 +760,16 @@ pub(crate) mod gemm {
         }
     }
 
-    /// `dst[i] = src[i] as f32` for `len` elements of kind `K`, prefetching `ahead` alongside.
+    /// `dst[i] = src[i] as f32` for `len` elements of kind `K`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn widen<const K: u8>(
-        src: *const u8,
-        len: usize,
-        dst: &mut [f32],
-        ahead: Option<*const u8>,
-    ) {
+    unsafe fn widen<const K: u8>(src: *const u8, len: usize, dst: &mut [f32]) {
         let size = size_of_kind(K);
         let full = len / LANES * LANES;
         let d = dst.as_mut_ptr();
-        // SAFETY: `len` elements remain at `src` (and at `ahead`); `dst` holds `len`.
+        // SAFETY: `len` elements remain at `src`; `dst` holds `len`.
         unsafe {
             for i in (0..full).step_by(LANES) {
-                if let Some(ahead) = ahead
-                    && (i * size).is_multiple_of(64)
-                {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.add(size * i).cast::<i8>());
-                }
                 _mm256_storeu_ps(d.add(i), load8::<K>(src.add(size * i)));
             }
             if full < len {
@@ -796,13 +780,21 @@ pub(crate) mod gemm {
         }
     }
 
-    /// `steps` (a multiple of 8) f32 steps of a 4 x 3 tile.
+    /// `steps` (a multiple of 8) f32 steps of a 4 x 3 tile, fetching `ahead` as it goes.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn fma_tile(a: [*const f32; MR], b: [*const f32; NR], steps: usize, acc_io: &mut Acc) {
+    unsafe fn fma_tile(
+        a: [*const f32; MR],
+        b: [*const f32; NR],
+        steps: usize,
+        acc_io: &mut Acc,
+        ahead: Option<Ahead<NR>>,
+    ) {
         let mut acc = *acc_io;
+        let mut fetch = Fetch::new(ahead, steps / LANES);
         let mut p = 0;
         while p < steps {
+            fetch.step();
             // SAFETY: every row holds `steps` elements.
             unsafe {
                 let bv: [__m256; NR] = b.map(|r| _mm256_loadu_ps(r.add(p)));
@@ -815,6 +807,7 @@ pub(crate) mod gemm {
             }
             p += LANES;
         }
+        fetch.rest();
         *acc_io = acc;
     }
 }

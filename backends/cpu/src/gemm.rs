@@ -124,6 +124,87 @@ pub(crate) fn tile_rows<const N: usize>(ld: usize, i: usize, count: usize) -> [u
     std::array::from_fn(|t| (i + t.min(count - 1)) * ld)
 }
 
+/// The register tiles' fetch of the next panel: while the tiles multiply a chunk of one panel
+/// of weight rows, they fetch the same chunk of the next panel into L2, each tile its share of
+/// every row's lines, one line every few steps. Fetched in one burst as a chunk widened, the
+/// misses filled the line buffers and the widening waited on them (AVX-512 prefill 212 -> 264
+/// GFLOP/s, docs/performance.md).
+#[derive(Clone, Copy)]
+pub(crate) struct Ahead<const NR: usize> {
+    rows: [*const u8; NR],
+    lines: usize,
+}
+
+impl<const NR: usize> Ahead<NR> {
+    /// Tile `t` of `tiles`' share of values `kc..kc + len` of the rows of `b` at values `next`
+    /// (whole blocks).
+    pub(crate) fn share<W: Element>(
+        b: &[W],
+        next: [usize; NR],
+        (kc, len): (usize, usize),
+        (t, tiles): (usize, usize),
+    ) -> Self {
+        let row_lines = (len / W::VALUES * size_of::<W>()).div_ceil(64);
+        let (l0, l1) = (row_lines * t / tiles, row_lines * (t + 1) / tiles);
+        Ahead {
+            rows: next.map(|o| {
+                let row = b.as_ptr().wrapping_add((o + kc) / W::VALUES);
+                row.cast::<u8>().wrapping_add(64 * l0)
+            }),
+            lines: l1 - l0,
+        }
+    }
+}
+
+/// An [`Ahead`]'s lines issued over a tile's `steps` steps, one every `every`.
+pub(crate) struct Fetch<const NR: usize> {
+    ahead: Ahead<NR>,
+    every: usize,
+    issued: usize,
+    countdown: usize,
+}
+
+impl<const NR: usize> Fetch<NR> {
+    pub(crate) fn new(ahead: Option<Ahead<NR>>, steps: usize) -> Self {
+        let ahead = ahead.unwrap_or(Ahead {
+            rows: [std::ptr::null(); NR],
+            lines: 0,
+        });
+        let every = (steps / (NR * ahead.lines).max(1)).max(1);
+        Fetch {
+            ahead,
+            every,
+            issued: 0,
+            countdown: 0,
+        }
+    }
+
+    fn issue(&mut self) {
+        let (r, l) = (self.issued % NR, self.issued / NR);
+        crate::memory::prefetch_l2(self.ahead.rows[r].wrapping_add(64 * l));
+        self.issued += 1;
+    }
+
+    /// Called once a step: a line when its turn comes.
+    #[inline(always)]
+    pub(crate) fn step(&mut self) {
+        if self.issued < NR * self.ahead.lines {
+            if self.countdown == 0 {
+                self.issue();
+                self.countdown = self.every;
+            }
+            self.countdown -= 1;
+        }
+    }
+
+    /// The lines the steps left (when there were fewer steps than lines).
+    pub(crate) fn rest(&mut self) {
+        while self.issued < NR * self.ahead.lines {
+            self.issue();
+        }
+    }
+}
+
 /// `len` elements of `buf` starting on a 64-byte boundary (scratch for widened operands: a
 /// 64-byte load that straddles two cache lines costs two).
 pub(crate) fn aligned(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
@@ -243,14 +324,7 @@ pub(crate) mod avx512 {
         a32.fill(0.0);
         for i in 0..m {
             // SAFETY: row i of `a` holds `k` elements (asserted by the caller).
-            unsafe {
-                widen::<A>(
-                    a.as_ptr().add(i * lda),
-                    k,
-                    &mut a32[i * k16..i * k16 + k],
-                    None,
-                )
-            };
+            unsafe { widen::<A>(a.as_ptr().add(i * lda), k, &mut a32[i * k16..i * k16 + k]) };
         }
         let tiles = m.div_ceil(MR);
         let mut acc: Vec<Acc> = vec![[[_mm512_setzero_ps(); NR]; MR]; tiles];
@@ -267,18 +341,16 @@ pub(crate) mod avx512 {
                 for (r, &off) in brows.iter().enumerate() {
                     let dst = &mut panel[r * PANEL_LD..r * PANEL_LD + steps];
                     dst[len..].fill(0.0);
-                    // The same chunk of the next panel's row is fetched while this one widens.
-                    let ahead = next.map(|nx| nx[r] + kc);
                     if W::VALUES > 1 {
                         // SAFETY: row `j0 + r` of `b` holds `k` values from `off`.
-                        unsafe { dequantize_f32(b, off + kc, &mut dst[..len], ahead) };
+                        unsafe { dequantize_f32(b, off + kc, &mut dst[..len]) };
                         continue;
                     }
-                    let ahead = ahead.map(|at| b[at..].as_ptr());
                     // SAFETY: row `j0 + r` of `b` holds `k` elements from `off`.
-                    unsafe { widen::<W>(b.as_ptr().add(off + kc), len, &mut dst[..len], ahead) };
+                    unsafe { widen::<W>(b.as_ptr().add(off + kc), len, &mut dst[..len]) };
                 }
                 for (t, tile_acc) in acc.iter_mut().enumerate() {
+                    let ahead = next.map(|nx| Ahead::share(b, nx, (kc, len), (t, tiles)));
                     let arows = tile_rows::<MR>(k16, t * MR, MR.min(m - t * MR));
                     // SAFETY: a32 rows hold k16 >= kc + steps elements; panel rows hold KC.
                     unsafe {
@@ -287,6 +359,7 @@ pub(crate) mod avx512 {
                             std::array::from_fn(|r| panel.as_ptr().add(r * PANEL_LD)),
                             steps,
                             tile_acc,
+                            ahead,
                         )
                     };
                 }
@@ -497,20 +570,14 @@ pub(crate) mod avx512 {
         }
     }
 
-    /// Values `at..at + dst.len()` of `b` (whole blocks), exactly, into `dst`, fetching as many
-    /// bytes from value `ahead` on alongside.
+    /// Values `at..at + dst.len()` of `b` (whole blocks), exactly, into `dst`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn dequantize_f32<W: Element>(
-        b: &[W],
-        at: usize,
-        dst: &mut [f32],
-        ahead: Option<usize>,
-    ) {
+    unsafe fn dequantize_f32<W: Element>(b: &[W], at: usize, dst: &mut [f32]) {
         let out = dst.as_mut_ptr();
         // SAFETY: `dst` holds the values `at..at + dst.len()`, 16 at a time.
         unsafe {
-            dequantize_lanes(b, at, dst.len(), ahead, |i, x| {
+            dequantize_lanes(b, at, dst.len(), None, |i, x| {
                 _mm512_storeu_ps(out.add(i), x)
             })
         }
@@ -709,6 +776,7 @@ pub(crate) mod avx512 {
                             std::array::from_fn(|j| b32.as_ptr().add(j * K)),
                             K,
                             &mut acc,
+                            None,
                         ),
                     }
                 }
@@ -729,25 +797,16 @@ pub(crate) mod avx512 {
         }
     }
 
-    /// `dst[i] = src[i] as f32` for `len` elements, prefetching `ahead` (as many elements) alongside.
+    /// `dst[i] = src[i] as f32` for `len` elements.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn widen<W: Element>(
-        src: *const W,
-        len: usize,
-        dst: &mut [f32],
-        ahead: Option<*const W>,
-    ) {
+    unsafe fn widen<W: Element>(src: *const W, len: usize, dst: &mut [f32]) {
         let p = src.cast::<u8>();
-        let size = std::mem::size_of::<W>();
-        let mut i = 0;
-        while i < len {
-            let n = 16.min(len - i);
-            // SAFETY: `n` elements remain at `src + i` (and at `ahead + i`); `dst` holds `len`.
+        // Sixteen elements from `i`, `n` of them read (a constant 16 in the whole steps, so
+        // their loads and stores carry no mask to compute).
+        let mut step = |i: usize, n: usize| {
+            // SAFETY: `n` elements remain at `src + i`; `dst` holds `len`.
             unsafe {
-                if let Some(ahead) = ahead {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.cast::<i8>().add(size * i));
-                }
                 let v = match kind::<W>() {
                     Kind::Bf16 => load16::<BF16>(p.add(2 * i), n),
                     Kind::F16 => load16::<F16>(p.add(2 * i), n),
@@ -755,17 +814,31 @@ pub(crate) mod avx512 {
                 };
                 _mm512_mask_storeu_ps(dst.as_mut_ptr().add(i), crate::dot::avx512::mask16(n), v);
             }
-            i += n;
+        };
+        let whole = len / 16 * 16;
+        for i in (0..whole).step_by(16) {
+            step(i, 16);
+        }
+        if whole < len {
+            step(whole, len - whole);
         }
     }
 
-    /// `steps` (a multiple of 16) f32 steps of a 4 x 6 tile.
+    /// `steps` (a multiple of 16) f32 steps of a 4 x 6 tile, fetching `ahead` as it goes.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn fma_tile(a: [*const f32; MR], b: [*const f32; NR], steps: usize, acc_io: &mut Acc) {
+    unsafe fn fma_tile(
+        a: [*const f32; MR],
+        b: [*const f32; NR],
+        steps: usize,
+        acc_io: &mut Acc,
+        ahead: Option<Ahead<NR>>,
+    ) {
         let mut acc = *acc_io;
+        let mut fetch = Fetch::new(ahead, steps / 16);
         let mut p = 0;
         while p < steps {
+            fetch.step();
             // SAFETY: every row holds `steps` elements.
             unsafe {
                 let bv: [__m512; NR] = b.map(|r| _mm512_loadu_ps(r.add(p)));
@@ -778,6 +851,7 @@ pub(crate) mod avx512 {
             }
             p += 16;
         }
+        fetch.rest();
         *acc_io = acc;
     }
 }

@@ -65,6 +65,18 @@ pub fn prefetch<T>(p: *const T) {
     let _ = p;
 }
 
+/// [`prefetch`] into L2 only: for lines wanted thousands of cycles later, which L1 would not keep.
+#[inline(always)]
+pub fn prefetch_l2<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as in `prefetch`.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// Asks for huge pages on the whole 2 MiB pages inside `bytes` bytes at `ptr` (a hint; errors
 /// only mean small pages).
 fn advise_huge(ptr: *mut u8, bytes: usize) {
