@@ -625,7 +625,7 @@ unsafe fn dequantize<W: Element>(b: &[W], at: usize, dst: &mut [f32]) {
 /// GEMM `c += a . b^T` as f32 FMA tiles over widened operands (see [`crate::gemm`]).
 pub(crate) mod gemm {
     use super::*;
-    use crate::gemm::{Ahead, Fetch, aligned, tile_rows};
+    use crate::gemm::{Ahead, Fetch, MC, aligned, tile_rows};
 
     /// Rows of `a` per register tile.
     const MR: usize = 4;
@@ -634,10 +634,6 @@ pub(crate) mod gemm {
     const NR: usize = 3;
     /// Reduction steps per widened chunk of a weight panel (3 rows x 4 KiB stay in L1).
     const KC: usize = 1024;
-    /// Rows of `a` per block: a block's widened chunk (MC x KC f32, 256 KiB) stays in L2 while
-    /// every weight panel passes; a whole 512-token prompt (5.8 MB widened) would be read from
-    /// L3 once per panel of three weight rows.
-    const MC: usize = 64;
     /// Panel row stride: KC plus one cache line, so the rows do not alias 4 KiB apart.
     const PANEL_LD: usize = KC + 16;
 

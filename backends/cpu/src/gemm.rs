@@ -205,6 +205,12 @@ impl<const NR: usize> Fetch<NR> {
     }
 }
 
+/// Rows of `a` per block of the f32 register-tile GEMMs (AVX-512 and AVX2): a block's widened
+/// chunk (MC x 1024 f32, 256 KiB) stays in L2 while every weight panel passes; a whole
+/// 512-token prompt (5.8 MB widened) would be read from L3 once per panel. On AVX-512 the
+/// blocks took 2-layer 26B-A4B bf16 prefill from 339 to 503 tokens/s (docs/performance.md).
+pub(crate) const MC: usize = 64;
+
 /// `len` elements of `buf` starting on a 64-byte boundary (scratch for widened operands: a
 /// 64-byte load that straddles two cache lines costs two).
 pub(crate) fn aligned(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
@@ -293,8 +299,13 @@ pub(crate) mod avx512 {
     ) {
         let k16 = k.next_multiple_of(16);
         SCRATCH.with_borrow_mut(|(a32, panel)| {
-            // SAFETY: forwarded from the caller.
-            unsafe { gemm_in(a, lda, b, ldb, c, ldc, m, n, k, k16, a32, panel) }
+            // Blocks of MC rows of `a`, each against all of `b`: every output is still one sum
+            // over the whole reduction, in the same order.
+            for m0 in (0..m).step_by(MC) {
+                let (a, c, m) = (&a[m0 * lda..], &mut c[m0 * ldc..], MC.min(m - m0));
+                // SAFETY: forwarded from the caller, for rows m0.. of `a` and `c`.
+                unsafe { gemm_in(a, lda, b, ldb, c, ldc, m, n, k, k16, a32, panel) }
+            }
         });
     }
 

@@ -114,7 +114,8 @@ proptest! {
 }
 
 /// Reductions longer than one cache chunk of the AVX-512 path, at the 26B-A4B widths, with tails;
-/// row counts across the AMX path's 32-row blocks and column counts across its 128-column panels.
+/// row counts across the AMX path's 32-row blocks and the f32 tiles' 64-row blocks, column counts
+/// across the AMX path's 128-column panels.
 #[test]
 fn gemm_matches_f64_over_long_reductions() {
     for (m, n, k) in [
@@ -124,6 +125,7 @@ fn gemm_matches_f64_over_long_reductions() {
         (3, 9, 2816),
         (37, 150, 97),
         (64, 130, 2816),
+        (70, 13, 1100),
     ] {
         check_gemm::<bf16>(m, n, k, 42);
         check_gemm::<f16>(m, n, k, 43);
