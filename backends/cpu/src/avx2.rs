@@ -547,9 +547,9 @@ fn f16_bits_to_f32(bits: u16) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
-/// Values `at..at + dst.len()` of `b` (whole blocks), exactly, into `dst`. A block's scale is broadcast once and its integers or
-/// e2m1 codes widened 8 at a time (an e2m1 code's magnitude from a `vpermps` of the table's
-/// first half, its sign from bit 3).
+/// Values `at..at + dst.len()` of `b` (whole blocks), exactly, into `dst`. A block's scale is
+/// broadcast once and its integers or e2m1 codes widened 8 at a time (an e2m1 code's magnitude
+/// from a `vpermps` of the table's first half, its sign from bit 3).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dequantize<W: Element>(b: &[W], at: usize, dst: &mut [f32]) {
