@@ -691,8 +691,8 @@ fn block_rows<Q: Element>(
     );
     for &(s, e) in segs {
         assert!(
-            s <= e && e <= k && s % GROUP == 0 && e % GROUP == 0,
-            "segment {s}..{e} of quantized rows is not whole groups of {GROUP} in 0..{k}"
+            s <= e && e <= k && s % block == 0 && e % block == 0,
+            "segment {s}..{e} of quantized rows is not whole blocks of {block} in 0..{k}"
         );
     }
     let (ldb, kb) = (ld / block, k / block);
@@ -796,6 +796,18 @@ mod tests {
                 isa().name()
             );
         }
+    }
+
+    /// The kernels read a block's groups together, so a segment starting inside a block is
+    /// refused on every level, not summed wrongly on some.
+    #[test]
+    #[should_panic(expected = "not whole blocks of 64")]
+    fn segments_inside_a_block_are_refused() {
+        let w: Vec<BlockQ4<2>> = quantize(&values(4 * GROUP, 1));
+        let mut xq = QuantizedActivation::default();
+        xq.quantize(&values(4 * GROUP, 2));
+        let segs = [(0, GROUP), (GROUP, 4 * GROUP)];
+        rows_q(&xq, &w, 4 * GROUP, 0..1, &segs, &mut [0.0], dots_q4::<2>());
     }
 
     #[test]
