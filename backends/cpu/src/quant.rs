@@ -672,7 +672,7 @@ pub(crate) fn prefetch_blocks<Q: Element>(b: &[Q], ahead: usize, count: usize) {
 }
 
 /// Checks a product of rows in blocks of `Q` (`mat`, `blocks` of them, `ld` values a row)
-/// with `k` activation values: whole blocks, segments of whole groups within `0..k`, rows within
+/// with `k` activation values: whole blocks, segments of whole blocks within `0..k`, rows within
 /// the matrix, one output a row. Returns blocks a row, blocks the activation spans, and the
 /// segments in groups.
 fn block_rows<Q: Element>(
