@@ -426,12 +426,34 @@ fn model_bench(geometry: &str, traced: &[&str], extra: &[&str]) -> serde_json::V
         "decode_ceiling_tokens_per_s",
         "decode_bandwidth_ratio",
         "moe_decode_bandwidth_ratio",
+        "prefill_moe_gflops",
+        "prefill_rest_gflops",
+        "prefill_head_ms",
     ] {
         let x = v[key]
             .as_f64()
             .unwrap_or_else(|| panic!("`{key}` in {out}"));
         assert!(x.is_finite() && x > 0.0, "{key} = {x}");
     }
+    // The parts' FLOPs over their times give back the whole prefill's rate.
+    let f = |key: &str| v[key].as_f64().unwrap_or(f64::NAN);
+    let tokens = f("prompt_tokens");
+    let whole_s = tokens / f("prefill_tokens_per_s");
+    let moe_s = f("moe_prefill_ms_per_token_layer") / 1e3 * tokens * f("layers");
+    let (head_s, rest_s) = (
+        f("prefill_head_ms") / 1e3,
+        whole_s - moe_s - f("prefill_head_ms") / 1e3,
+    );
+    assert!(
+        moe_s > 0.0 && head_s > 0.0 && rest_s > 0.0,
+        "prefill parts {moe_s} {head_s} {rest_s} of {whole_s} s"
+    );
+    let moe_rest_flops = f("prefill_moe_gflops") * moe_s + f("prefill_rest_gflops") * rest_s;
+    let whole_flops = f("prefill_gflops") * whole_s;
+    assert!(
+        moe_rest_flops < whole_flops && whole_flops - moe_rest_flops < 0.05 * whole_flops,
+        "prefill {whole_flops} GFLOP in all, {moe_rest_flops} outside the LM head row"
+    );
     // The step's parts: the traced kernel kinds, each a positive time, and the rest.
     let parts = &v["decode_step_ms"];
     for key in ["lm_head", "moe", "dense_mlp"] {

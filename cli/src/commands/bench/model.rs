@@ -70,6 +70,16 @@ pub struct ModelFigures {
     /// step's MoE time per layer; the median over steps.
     pub moe_decode_bandwidth_ratio: f64,
     pub moe_prefill_ms_per_token_layer: f64,
+    /// The MoE blocks' expert FLOPs of a prefill over their traced time: the MoE kernel's rate
+    /// inside the model.
+    pub prefill_moe_gflops: f64,
+    /// Every other FLOP of a prefill but the LM head row's (attention's projections and
+    /// products, the dense MLP, the router) over the rest of its time: the work prefill's
+    /// target holds to a share of the MoE kernel's rate.
+    pub prefill_rest_gflops: f64,
+    /// The LM head on the prompt's last row: one row product, as long as a decode step's (it
+    /// reads the whole head), so judged by bandwidth, not FLOPs.
+    pub prefill_head_ms: f64,
     pub bytes_per_decode_step: f64,
     /// The median of the probes made before each decode step.
     pub read_bandwidth_gbs: f64,
@@ -165,6 +175,14 @@ fn report(f: &ModelFigures, format: Format) {
                 f.bf16_gemm,
                 f.f32_peak_gflops,
                 f.moe_prefill_ms_per_token_layer
+            );
+            println!(
+                "  prefill by part: MoE blocks {:.0} GFLOP/s; attention, dense MLP and router {:.0} \
+                 GFLOP/s ({:.0}% of the MoE blocks' rate); the LM head's last row {:.1} ms",
+                f.prefill_moe_gflops,
+                f.prefill_rest_gflops,
+                f.prefill_rest_gflops / f.prefill_moe_gflops * 100.0,
+                f.prefill_head_ms
             );
             if let Some(peak) = f.integer_peak_gflops {
                 println!(
@@ -351,6 +369,7 @@ fn timed(
     let mut trace = vec![];
     let mut prefill = vec![];
     let mut moe_prefill = vec![];
+    let mut head_prefill = vec![];
     let mut state = None;
     for _ in 0..PREFILL_RUNS {
         trace.clear();
@@ -359,10 +378,13 @@ fn timed(
         let last = model.forward(&prompt, &mut cache, Head::Last, &mut trace)?;
         prefill.push(start.elapsed().as_secs_f64());
         moe_prefill.push(seconds_of(&trace, "moe"));
+        head_prefill.push(seconds_of(&trace, "lm_head"));
         state = Some((cache, last));
     }
     let (mut cache, mut last) = state.expect("at least one prefill");
     let prefill_s = median(prefill.into_iter());
+    let moe_prefill_s = median(moe_prefill.into_iter());
+    let head_prefill_s = median(head_prefill.into_iter());
     let steps = args.iters.max(3);
     // Peak memory through prefill, before the step probe's buffer: decode steps add only rows of
     // the KV cache.
@@ -442,9 +464,12 @@ fn timed(
         moe_decode_ms_per_layer: moe_s * 1e3,
         moe_decode_bytes_per_layer: work.moe_decode_bytes,
         moe_decode_bandwidth_ratio,
-        moe_prefill_ms_per_token_layer: median(moe_prefill.into_iter())
-            / (layers * prompt.len()) as f64
-            * 1e3,
+        moe_prefill_ms_per_token_layer: moe_prefill_s / (layers * prompt.len()) as f64 * 1e3,
+        prefill_moe_gflops: work.moe_prefill_flops / moe_prefill_s / 1e9,
+        prefill_rest_gflops: (work.prefill_flops - work.moe_prefill_flops - work.head_flops)
+            / (prefill_s - moe_prefill_s - head_prefill_s)
+            / 1e9,
+        prefill_head_ms: head_prefill_s * 1e3,
         bytes_per_decode_step: work.decode_bytes,
         read_bandwidth_gbs: read_bandwidth / 1e9,
         read_bandwidth_range_gbs: range.map(|b| b / 1e9),
@@ -459,6 +484,10 @@ fn timed(
 /// What a prefill computes and a decode step reads, counted from the config.
 struct Work {
     prefill_flops: f64,
+    /// The part of `prefill_flops` the MoE blocks compute: the selected experts' products.
+    moe_prefill_flops: f64,
+    /// The part the LM head computes: its one row.
+    head_flops: f64,
     decode_bytes: f64,
     moe_decode_bytes: f64,
 }
@@ -480,6 +509,7 @@ impl Work {
         let mut decode_bytes = cfg.vocab_size as f64 * h * quantized_bytes;
         let mut prefill_flops = 2.0 * cfg.vocab_size as f64 * h;
         let mut moe_decode = 0.0;
+        let mut moe_prefill_flops = 0.0;
         for l in &cfg.layers {
             let (d, kv, nh) = (
                 l.head_dim as f64,
@@ -505,10 +535,13 @@ impl Work {
                 moe_decode = experts * quantized_bytes;
                 decode_bytes += moe_decode + router * e;
                 prefill_flops += 2.0 * st * (experts + router);
+                moe_prefill_flops += 2.0 * st * experts;
             }
         }
         Work {
             prefill_flops,
+            moe_prefill_flops,
+            head_flops: 2.0 * cfg.vocab_size as f64 * h,
             decode_bytes,
             moe_decode_bytes: moe_decode,
         }
@@ -549,6 +582,8 @@ impl Work {
         let layers = cfg.layers.len() as f64;
         Work {
             prefill_flops,
+            moe_prefill_flops: layers * 2.0 * st * experts,
+            head_flops: 2.0 * head,
             decode_bytes: (head + layers * (attention + router)) * e
                 + layers * experts * expert_bytes
                 + cache,
@@ -573,6 +608,8 @@ impl Work {
         Work {
             prefill_flops: 2.0 * head
                 + layers * (2.0 * st * (attention + experts + router) + 4.0 * nh * d * visible),
+            moe_prefill_flops: layers * 2.0 * st * experts,
+            head_flops: 2.0 * head,
             decode_bytes: (head + layers * (attention + experts + router)) * e
                 + layers * cache_bytes(s, kv, d),
             moe_decode_bytes: experts * e,
