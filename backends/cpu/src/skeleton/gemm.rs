@@ -11,27 +11,42 @@ use moek_ir::reference::Shape;
 use rayon::prelude::*;
 use std::ops::Range;
 
-/// `n` token rows `xs [n, H]` in token order; `rows_of` maps a range of tokens to its rows.
-struct Rows<'a, A, M> {
+/// `n` token rows `xs [n, H]` in token order.
+struct Rows<'a, A> {
     xs: &'a [A],
     n: usize,
-    rows_of: M,
+}
+
+/// Rows a unit of a GEMM phase takes at least, where there are that many: the spec's T split
+/// cuts tokens over Spyre's cores, and on a CPU each unit reads its weights whole, so a part of
+/// a few rows (an expert's 32 tokens over 8 parts: 4) re-reads them for every few. The T parts
+/// are merged into units of this many rows (one block of the f32 tiles, `gemm::MC`); tokens are
+/// independent rows, so no sum changes order.
+const UNIT_ROWS: usize = 64;
+
+/// The T parts of a GEMM phase over `n` rows, the spec declaring `declared`.
+fn row_parts(n: usize, declared: usize) -> usize {
+    declared.min(n.div_ceil(UNIT_ROWS)).max(1)
 }
 
 /// GEMM gate/up phase: units T x F x H (the first phase's split), H in declared blocks, H parts
 /// completed in part order; returns the activation `[n, F]` ([`Weight::Gated`]).
-fn gemm_gate_up<W: Weight, A: Element, M: Fn(Range<usize>) -> Range<usize> + Sync>(
+fn gemm_gate_up<W: Weight, A: Element>(
     t: &Tables,
     s: &Shape,
-    rows: &Rows<'_, A, M>,
+    rows: &Rows<'_, A>,
     gate: &[W],
     up: &[W],
     pair: impl Pair,
 ) -> Vec<W::Gated<A>> {
-    let (t_n, f_n, h_n, n) = (s.t, s.f, s.h, rows.n);
+    let (f_n, h_n, n) = (s.f, s.h, rows.n);
     let p = t.cores[0];
     let ph = p.of_dim(H);
-    let grid = Grid::new([(t_n, p.of_dim(T)), (f_n, p.of_dim(F)), (h_n, ph)]);
+    let grid = Grid::new([
+        (n, row_parts(n, p.of_dim(T))),
+        (f_n, p.of_dim(F)),
+        (h_n, ph),
+    ]);
     let h_blocks = blocks(&t.reduce_h, h_n);
     // The rows made ready once for gate and up and every unit.
     let xr = GemmRows::new::<W>(rows.xs, n, h_n);
@@ -39,9 +54,8 @@ fn gemm_gate_up<W: Weight, A: Element, M: Fn(Range<usize>) -> Range<usize> + Syn
     {
         let shared = SharedOut::new(&mut partials);
         (0..grid.units()).into_par_iter().for_each(|unit| {
-            let [tr, fr, hr] = grid.ranges(unit);
+            let [m, fr, hr] = grid.ranges(unit);
             let hp = grid.index(unit)[2];
-            let m = (rows.rows_of)(tr);
             if m.is_empty() || fr.is_empty() {
                 return;
             }
@@ -74,17 +88,21 @@ fn gemm_gate_up<W: Weight, A: Element, M: Fn(Range<usize>) -> Range<usize> + Syn
 
 /// GEMM down phase: `y[fpart][row][H] = aw . down^T`, units T x H x F (the second phase's
 /// split), H in column blocks, F in declared blocks; returns `y` and its F parts.
-fn gemm_down<W: Weight, A: Element, M: Fn(Range<usize>) -> Range<usize> + Sync>(
+fn gemm_down<W: Weight, A: Element>(
     t: &Tables,
     s: &Shape,
-    rows: &Rows<'_, A, M>,
+    rows: &Rows<'_, A>,
     aw: &[W::Gated<A>],
     down: &[W],
 ) -> (Vec<f32>, usize) {
-    let (t_n, f_n, h_n, n) = (s.t, s.f, s.h, rows.n);
+    let (f_n, h_n, n) = (s.f, s.h, rows.n);
     let p = t.cores[1];
     let f_parts = p.of_dim(F);
-    let grid = Grid::new([(t_n, p.of_dim(T)), (h_n, p.of_dim(H)), (f_n, f_parts)]);
+    let grid = Grid::new([
+        (n, row_parts(n, p.of_dim(T))),
+        (h_n, p.of_dim(H)),
+        (f_n, f_parts),
+    ]);
     let f_blocks = blocks(&t.reduce_f, f_n);
     let h_cols = blocks(&t.columns_h, h_n);
     // The gated rows made ready once for every unit and column block.
@@ -93,9 +111,8 @@ fn gemm_down<W: Weight, A: Element, M: Fn(Range<usize>) -> Range<usize> + Sync>(
     {
         let shared = SharedOut::new(&mut y);
         (0..grid.units()).into_par_iter().for_each(|unit| {
-            let [tr, hr, fr] = grid.ranges(unit);
+            let [m, hr, fr] = grid.ranges(unit);
             let fp = grid.index(unit)[2];
-            let m = (rows.rows_of)(tr);
             if m.is_empty() {
                 return;
             }
@@ -145,11 +162,7 @@ pub fn persistent_ffn<W: Weight, A: Element>(
         crate::gather_rows_into(&mut xs, x, h_n, active.iter().copied());
         let bank_gu = values(bank.gate_up, e * 2 * f_n * h_n..(e + 1) * 2 * f_n * h_n);
         let bank_dn = values(bank.down, e * h_n * f_n..(e + 1) * h_n * f_n);
-        let rows = Rows {
-            xs: &xs,
-            n,
-            rows_of,
-        };
+        let rows = Rows { xs: &xs, n };
         let (gate, up) = (values(bank_gu, 0..f_n * h_n), values(bank_gu, f_n * h_n..));
         let aw = with_pair!(t.activation, |pair| gemm_gate_up(
             t, s, &rows, gate, up, pair
@@ -159,7 +172,7 @@ pub fn persistent_ffn<W: Weight, A: Element>(
         let acc = SharedOut::new(&mut out[..t_n * h_n]);
         (0..groups.units()).into_par_iter().for_each(|g| {
             let [tr] = groups.ranges(g);
-            for i in (rows.rows_of)(tr) {
+            for i in rows_of(tr) {
                 let tok = active[i];
                 let w = route[tok * e_n + e];
                 // SAFETY: token `tok` belongs to this group only.
@@ -274,7 +287,6 @@ pub fn dense_mlp<W: Weight, A: Element>(
     let rows = Rows {
         xs: &x[..t_n * h_n],
         n: t_n,
-        rows_of: |tr: Range<usize>| tr,
     };
     let aw = with_pair!(t.activation, |pair| gemm_gate_up(
         t, s, &rows, gate, up, pair
