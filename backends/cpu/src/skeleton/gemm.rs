@@ -222,7 +222,9 @@ fn grouped_with<W: Weight, A: Element>(
     let bias = bank.declared_bias(t);
     // Every token's row made ready once, for gate and up and every expert it routes to.
     let xr = GemmRows::new::<W>(x, t_n, h_n);
-    let mut ys = vec![0f32; t_n * r_n * h_n];
+    // Every slot is written (each route chose one expert); pooled, so a call does not fault
+    // in its pages afresh.
+    let mut ys = Scratch::<f32>::zeroed(t_n * r_n * h_n);
     {
         let shared = SharedOut::new(&mut ys);
         (0..e_n).into_par_iter().for_each(|e| {
