@@ -2,7 +2,7 @@
 //! tokens grouped by expert, the persistent loop over experts, the dense MLP. Plain weights are
 //! multiplied beside activations of their own type, blocks beside either.
 
-use super::{Bank, Pair, Routes, add_gate_up_bias, blocks, combine_routes, with_pair};
+use super::{Bank, Pair, Routes, blocks, combine_routes, gate_rows, with_pair};
 use crate::quant::GemmRows;
 use crate::{Element, Grid, Scratch, SharedOut, Weight, clip, values};
 use moek_ir::DimName::{F, H, T};
@@ -240,14 +240,8 @@ fn grouped_with<W: Weight, A: Element>(
             let mut gu = Scratch::<f32>::zeroed(n * 2 * f_n);
             xr.gemm(&tokens, &h_blocks, bank_gu, h_n, &mut gu, 2 * f_n, 2 * f_n);
             let mut aw = Scratch::<W::Gated<A>>::zeroed(n * f_n);
-            for (row, a) in aw.chunks_exact_mut(f_n).enumerate() {
-                let g = &gu[row * 2 * f_n..][..2 * f_n];
-                for (j, a) in a.iter_mut().enumerate() {
-                    let (mut gj, mut uj) = (g[j], g[f_n + j]);
-                    add_gate_up_bias(bias.gate_up, e, f_n, j, &mut gj, &mut uj);
-                    *a = W::Gated::<A>::from_f32(pair(gj, uj));
-                }
-            }
+            let bias_gu = bias.gate_up.map(|b| &b[e * 2 * f_n..(e + 1) * 2 * f_n]);
+            gate_rows(&gu, &mut aw, f_n, bias_gu, pair);
             // The gated rows made ready once for every column block.
             let ar = GemmRows::new::<W>(&aw, n, f_n);
             let all: Vec<usize> = (0..n).collect();
