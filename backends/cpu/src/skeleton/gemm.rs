@@ -29,8 +29,9 @@ fn row_parts(n: usize, declared: usize) -> usize {
     declared.min(n.div_ceil(UNIT_ROWS)).max(1)
 }
 
-/// GEMM gate/up phase: units T x F x H (the first phase's split), H in declared blocks, H parts
-/// completed in part order; returns the activation `[n, F]` ([`Weight::Gated`]).
+/// GEMM gate/up phase: units T x F x H (the first phase's split, T parts merged by
+/// [`row_parts`]), H in declared blocks, H parts completed in part order; returns the
+/// activation `[n, F]` ([`Weight::Gated`]).
 fn gemm_gate_up<W: Weight, A: Element>(
     t: &Tables,
     s: &Shape,
@@ -87,7 +88,8 @@ fn gemm_gate_up<W: Weight, A: Element>(
 }
 
 /// GEMM down phase: `y[fpart][row][H] = aw . down^T`, units T x H x F (the second phase's
-/// split), H in column blocks, F in declared blocks; returns `y` and its F parts.
+/// split, T parts merged by [`row_parts`]), H in column blocks, F in declared blocks; returns
+/// `y` and its F parts.
 fn gemm_down<W: Weight, A: Element>(
     t: &Tables,
     s: &Shape,
