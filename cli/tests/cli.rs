@@ -440,10 +440,8 @@ fn model_bench(geometry: &str, traced: &[&str], extra: &[&str]) -> serde_json::V
     let tokens = f("prompt_tokens");
     let whole_s = tokens / f("prefill_tokens_per_s");
     let moe_s = f("moe_prefill_ms_per_token_layer") / 1e3 * tokens * f("layers");
-    let (head_s, rest_s) = (
-        f("prefill_head_ms") / 1e3,
-        whole_s - moe_s - f("prefill_head_ms") / 1e3,
-    );
+    let head_s = f("prefill_head_ms") / 1e3;
+    let rest_s = whole_s - moe_s - head_s;
     assert!(
         moe_s > 0.0 && head_s > 0.0 && rest_s > 0.0,
         "prefill parts {moe_s} {head_s} {rest_s} of {whole_s} s"

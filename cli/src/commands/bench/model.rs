@@ -507,7 +507,8 @@ impl Work {
         let (banks, linears) = Quantize::formats(quant);
         let (quantized_bytes, dense_bytes) = (bytes(banks), bytes(linears));
         let mut decode_bytes = cfg.vocab_size as f64 * h * quantized_bytes;
-        let mut prefill_flops = 2.0 * cfg.vocab_size as f64 * h;
+        let head_flops = 2.0 * cfg.vocab_size as f64 * h;
+        let mut prefill_flops = head_flops;
         let mut moe_decode = 0.0;
         let mut moe_prefill_flops = 0.0;
         for l in &cfg.layers {
@@ -541,7 +542,7 @@ impl Work {
         Work {
             prefill_flops,
             moe_prefill_flops,
-            head_flops: 2.0 * cfg.vocab_size as f64 * h,
+            head_flops,
             decode_bytes,
             moe_decode_bytes: moe_decode,
         }
