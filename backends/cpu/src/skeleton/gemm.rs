@@ -39,7 +39,7 @@ fn gemm_gate_up<W: Weight, A: Element>(
     gate: &[W],
     up: &[W],
     pair: impl Pair,
-) -> Vec<W::Gated<A>> {
+) -> Scratch<W::Gated<A>> {
     let (f_n, h_n, n) = (s.f, s.h, rows.n);
     let p = t.cores[0];
     let ph = p.of_dim(H);
@@ -72,20 +72,25 @@ fn gemm_gate_up<W: Weight, A: Element>(
             }
         });
     }
-    (0..n * f_n)
-        .into_par_iter()
-        .map(|i| {
-            let (row, j) = (i / f_n, i % f_n);
-            let (mut g, mut u) = (0f32, 0f32);
-            for p in 0..ph {
-                let b = (p * n + row) * 2 * f_n;
-                g += partials[b + j];
-                u += partials[b + f_n + j];
+    // The H parts completed in part order into part 0's rows, then gated: a task a few rows.
+    let (first, rest) = partials.split_at_mut(n * 2 * f_n);
+    let mut aw = Scratch::<W::Gated<A>>::zeroed(n * f_n);
+    first
+        .par_chunks_mut(GATE_ROWS * 2 * f_n)
+        .zip(aw.par_chunks_mut(GATE_ROWS * f_n))
+        .enumerate()
+        .for_each(|(c, (gu, a))| {
+            for part in rest.chunks_exact(n * 2 * f_n) {
+                let part = &part[c * GATE_ROWS * 2 * f_n..][..gu.len()];
+                gu.iter_mut().zip(part).for_each(|(g, p)| *g += p);
             }
-            W::Gated::<A>::from_f32(pair(g, u))
-        })
-        .collect()
+            gate_rows(gu, a, f_n, None, pair);
+        });
+    aw
 }
+
+/// Rows a task of [`gemm_gate_up`]'s epilogue completes and gates.
+const GATE_ROWS: usize = 8;
 
 /// GEMM down phase: `y[fpart][row][H] = aw . down^T`, units T x H x F (the second phase's
 /// split, T parts merged by [`row_parts`]), H in column blocks, F in declared blocks; returns
@@ -132,6 +137,18 @@ fn gemm_down<W: Weight, A: Element>(
     (y, f_parts)
 }
 
+/// `out` = the sum over parts `p`, in order, of row `i` of part `p` of `y` ([`gemm_down`]'s
+/// F parts, `out.len()` values a row).
+fn sum_parts(y: &[f32], parts: usize, i: usize, out: &mut [f32]) {
+    let h = out.len();
+    let rows = y.len() / parts / h;
+    out.copy_from_slice(&y[i * h..][..h]);
+    for p in 1..parts {
+        let part = &y[(p * rows + i) * h..][..h];
+        out.iter_mut().zip(part).for_each(|(o, v)| *o += v);
+    }
+}
+
 /// Dense over experts, in a persistent loop: x and the accumulator (`out`) stay, one expert bank
 /// per trip; token groups own their accumulator rows. Routing is materialised densely (one
 /// weight per token and expert, 0 when unselected); a token whose weight is 0 adds exactly 0, so
@@ -174,18 +191,14 @@ pub fn persistent_ffn<W: Weight, A: Element>(
         let acc = SharedOut::new(&mut out[..t_n * h_n]);
         (0..groups.units()).into_par_iter().for_each(|g| {
             let [tr] = groups.ranges(g);
+            let mut v = vec![0f32; h_n];
             for i in rows_of(tr) {
                 let tok = active[i];
                 let w = route[tok * e_n + e];
                 // SAFETY: token `tok` belongs to this group only.
                 let o = unsafe { acc.slice(tok * h_n, h_n) };
-                for (j, o) in o.iter_mut().enumerate() {
-                    let mut v = 0f32;
-                    for p in 0..f_parts {
-                        v += y[(p * n + i) * h_n + j];
-                    }
-                    *o += w * v;
-                }
+                sum_parts(&y, f_parts, i, &mut v);
+                o.iter_mut().zip(&v).for_each(|(o, v)| *o += w * v);
             }
         });
     }
@@ -300,15 +313,9 @@ pub fn dense_mlp<W: Weight, A: Element>(
                 W::matvec_segments(xt, w, h_n, 0..1, &[(0, h_n)], &mut z);
                 1.0 / (1.0 + (-z[0]).exp())
             });
-            for (j, o) in o.iter_mut().enumerate() {
-                let mut v = 0f32;
-                for p in 0..f_parts {
-                    v += y[(p * t_n + tok) * h_n + j];
-                }
-                *o = match scale {
-                    Some(scale) => v * scale,
-                    None => v,
-                };
+            sum_parts(&y, f_parts, tok, o);
+            if let Some(scale) = scale {
+                o.iter_mut().for_each(|o| *o *= scale);
             }
         });
 }
