@@ -1,32 +1,14 @@
 //! Elementwise functions over slices, per ISA. The scalar functions are `moek_ir::scalar`'s (the
 //! one definition every run time shares), re-exported here.
 
-use crate::isa::{Isa, isa};
 pub use moek_ir::scalar::{gelu_tanh, silu, softcap, swiglu_clamped, tanh};
 
 /// [`softcap`] over a slice, in place; the same bits as the scalar function on every ISA.
 pub fn softcap_slice(xs: &mut [f32], cap: f32) {
-    match isa() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `isa()` checked the AVX-512 features.
-        Isa::Avx512Bf16 | Isa::Amx => unsafe { softcap_avx512(xs, cap) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `isa()` checked the AVX2 features.
-        Isa::Avx2 => unsafe { crate::avx2::softcap_slice(xs, cap) },
-        _ => softcap_each(xs, cap),
-    }
-}
-
-#[inline(always)]
-pub(crate) fn softcap_each(xs: &mut [f32], cap: f32) {
-    xs.iter_mut().for_each(|x| *x = softcap(*x, cap));
-}
-
-/// The same loop, compiled for AVX-512 (16 lanes).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn softcap_avx512(xs: &mut [f32], cap: f32) {
-    softcap_each(xs, cap)
+    crate::isa::vectorised(
+        #[inline(always)]
+        || xs.iter_mut().for_each(|x| *x = softcap(*x, cap)),
+    )
 }
 
 #[cfg(test)]

@@ -277,19 +277,6 @@ pub(crate) unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
-/// [`crate::activation::softcap`] over a slice, compiled for 8 lanes. No multiply-add is fused
-/// (Rust never contracts), so the bits are the scalar function's.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn softcap_slice(xs: &mut [f32], cap: f32) {
-    crate::activation::softcap_each(xs, cap)
-}
-
-/// The bandwidth probe's chunk sum compiled for 256-bit registers.
-#[target_feature(enable = "avx2")]
-pub(crate) unsafe fn read_chunk(words: &[u64]) -> u64 {
-    crate::bandwidth::read_chunk_each(words)
-}
-
 /// For one row of quantized blocks, `sum over segs (in order) of row[seg] . x[seg]`, the
 /// segments in blocks ([`crate::dot::sum_segment_vectors`] for 256-bit vectors).
 #[inline]

@@ -95,33 +95,28 @@ fn read_pass(words: &[u64]) -> f64 {
 /// this plain sum; the kernels' longer distance reads slightly slower here).
 const AHEAD_WORDS: usize = 4096 / 8;
 
-/// The wrapping sum of `words` on the widest registers the ISA in use has.
+/// The wrapping sum of `words` on the widest registers the ISA in use has, one cache line (8
+/// words, 8 lanes) per step, prefetching ahead.
 fn read_chunk(words: &[u64]) -> u64 {
-    match crate::isa() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `isa()` checked the AVX2 features.
-        crate::Isa::Avx2 => unsafe { crate::avx2::read_chunk(words) },
-        _ => read_chunk_each(words),
-    }
-}
-
-/// The wrapping sum of `words`, one cache line (8 words, 8 lanes) per step, prefetching ahead.
-#[inline(always)]
-pub(crate) fn read_chunk_each(words: &[u64]) -> u64 {
-    let mut lanes = [0u64; 8];
-    let lines = words.chunks_exact(8);
-    let tail = lines
-        .remainder()
-        .iter()
-        .fold(0u64, |s, &w| s.wrapping_add(w));
-    for (i, line) in lines.enumerate() {
-        let ahead = (i * 8 + AHEAD_WORDS).min(words.len() - 1);
-        crate::memory::prefetch(words[ahead..].as_ptr());
-        for (l, &w) in lanes.iter_mut().zip(line) {
-            *l = l.wrapping_add(w);
-        }
-    }
-    lanes.iter().fold(tail, |s, &w| s.wrapping_add(w))
+    crate::isa::vectorised(
+        #[inline(always)]
+        || {
+            let mut lanes = [0u64; 8];
+            let lines = words.chunks_exact(8);
+            let tail = lines
+                .remainder()
+                .iter()
+                .fold(0u64, |s, &w| s.wrapping_add(w));
+            for (i, line) in lines.enumerate() {
+                let ahead = (i * 8 + AHEAD_WORDS).min(words.len() - 1);
+                crate::memory::prefetch(words[ahead..].as_ptr());
+                for (l, &w) in lanes.iter_mut().zip(line) {
+                    *l = l.wrapping_add(w);
+                }
+            }
+            lanes.iter().fold(tail, |s, &w| s.wrapping_add(w))
+        },
+    )
 }
 
 #[cfg(test)]

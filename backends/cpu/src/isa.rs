@@ -155,6 +155,33 @@ pub fn isa() -> Isa {
     })
 }
 
+/// `body()` compiled for the vector width of the level in use (16 lanes on AVX-512, 8 on AVX2,
+/// the baseline's elsewhere): plain scalar loops, written once, vectorised per level. The body
+/// is inlined into a function carrying the level's features, so it must be `#[inline(always)]`
+/// as written (a closure marked so, calling only inlined code).
+#[inline(always)]
+pub(crate) fn vectorised<R>(body: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    fn avx512<R>(body: impl FnOnce() -> R) -> R {
+        body()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn avx2<R>(body: impl FnOnce() -> R) -> R {
+        body()
+    }
+    match isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` checked the AVX-512 features.
+        Isa::Avx512Bf16 | Isa::Amx => unsafe { avx512(body) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa()` checked the AVX2 features.
+        Isa::Avx2 => unsafe { avx2(body) },
+        _ => body(),
+    }
+}
+
 /// The best level this CPU (and OS) gives: what `MOEK_CPU_ISA` unset or `auto` picks.
 pub fn best() -> Isa {
     supported()[0]

@@ -97,62 +97,29 @@ fn gate_rows<G: crate::Element>(
     bias: Option<&[f32]>,
     pair: impl Pair,
 ) {
-    #[inline(always)]
-    fn each<G: crate::Element>(
-        gu: &[f32],
-        out: &mut [G],
-        f: usize,
-        bias: Option<&[f32]>,
-        pair: impl Pair,
-    ) {
-        for (a, g) in out.chunks_exact_mut(f).zip(gu.chunks_exact(2 * f)) {
-            let (gate, up) = g.split_at(f);
-            match bias {
-                Some(b) => {
-                    let (bg, bu) = b.split_at(f);
-                    for ((((a, g), u), bg), bu) in a.iter_mut().zip(gate).zip(up).zip(bg).zip(bu) {
-                        *a = G::from_f32(pair(g + bg, u + bu));
+    crate::isa::vectorised(
+        #[inline(always)]
+        || {
+            for (a, g) in out.chunks_exact_mut(f).zip(gu.chunks_exact(2 * f)) {
+                let (gate, up) = g.split_at(f);
+                match bias {
+                    Some(b) => {
+                        let (bg, bu) = b.split_at(f);
+                        for ((((a, g), u), bg), bu) in
+                            a.iter_mut().zip(gate).zip(up).zip(bg).zip(bu)
+                        {
+                            *a = G::from_f32(pair(g + bg, u + bu));
+                        }
                     }
-                }
-                None => {
-                    for ((a, g), u) in a.iter_mut().zip(gate).zip(up) {
-                        *a = G::from_f32(pair(*g, *u));
+                    None => {
+                        for ((a, g), u) in a.iter_mut().zip(gate).zip(up) {
+                            *a = G::from_f32(pair(*g, *u));
+                        }
                     }
                 }
             }
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    fn avx512<G: crate::Element>(
-        gu: &[f32],
-        out: &mut [G],
-        f: usize,
-        bias: Option<&[f32]>,
-        pair: impl Pair,
-    ) {
-        each(gu, out, f, bias, pair)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn avx2<G: crate::Element>(
-        gu: &[f32],
-        out: &mut [G],
-        f: usize,
-        bias: Option<&[f32]>,
-        pair: impl Pair,
-    ) {
-        each(gu, out, f, bias, pair)
-    }
-    match crate::isa() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `isa()` checked the AVX-512 features.
-        crate::Isa::Avx512Bf16 | crate::Isa::Amx => unsafe { avx512(gu, out, f, bias, pair) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `isa()` checked the AVX2 features.
-        crate::Isa::Avx2 => unsafe { avx2(gu, out, f, bias, pair) },
-        _ => each(gu, out, f, bias, pair),
-    }
+        },
+    )
 }
 
 /// Declared blocks, or one block over the whole dim of size `n`.
