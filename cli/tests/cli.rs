@@ -483,6 +483,37 @@ fn model_bench(geometry: &str, traced: &[&str], extra: &[&str]) -> serde_json::V
 }
 
 #[test]
+fn the_kernel_bench_judges_each_prefill_call_against_its_own_peak() {
+    let (ok, out, err) = moek(&["bench", "--iters", "3", "--format", "json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+    let f = |key: &str| {
+        let x = v[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("`{key}` in {out}"));
+        assert!(x.is_finite() && x > 0.0, "{key} = {x}");
+        x
+    };
+    // A call runs under the peak of its moment: a share, not a percentage or its inverse. The
+    // bound is loose: tests run beside each other, so a peak may be timed while another test's
+    // process holds a core that the call after it has to itself.
+    for ratio in ["prefill_peak_ratio", "persistent_peak_ratio"] {
+        assert!(f(ratio) < 1.5, "{ratio} = {} in {out}", f(ratio));
+    }
+    for key in [
+        "isa_peak_gflops",
+        "prefill_gflops",
+        "persistent_gflops",
+        "decode_ratio",
+        "prefill_ratio",
+        "read_bandwidth_gbs",
+        "gemm_crate_gflops",
+    ] {
+        f(key);
+    }
+}
+
+#[test]
 fn the_model_bench_prints_the_fields_scripts_check() {
     let traced = ["lm_head", "moe", "dense_mlp"];
     let bf16 = model_bench("26b-a4b", &traced, &[]);

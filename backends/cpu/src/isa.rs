@@ -64,6 +64,15 @@ impl Isa {
         self.timed_or_nominal(self.gemm_mac(), threads)
     }
 
+    /// [`Isa::peak_gflops`] timed afresh ([`crate::peak::measure`]), to judge one timed call
+    /// against the peak of its moment.
+    pub fn peak_gflops_now(self, threads: usize) -> f64 {
+        self.gemm_mac().map_or_else(
+            || self.peak_gflops(threads),
+            |mac| crate::peak::measure(mac, threads),
+        )
+    }
+
     /// The instruction this level's bf16 GEMM multiplies with: AMX tiles, `vdpbf16ps` where
     /// [`crate::gemm::bf16_tile`] picked it, else the f32 FMA (none on the portable path).
     pub(crate) fn gemm_mac(self) -> Option<Mac> {

@@ -70,7 +70,9 @@ pub fn gflops(mac: Mac, threads: usize) -> f64 {
         .or_insert_with(|| measure(mac, threads))
 }
 
-fn measure(mac: Mac, threads: usize) -> f64 {
+/// [`gflops`] timed afresh, not kept: for a figure judged against the peak the machine gives
+/// at that moment (a VM's core can share its units with a neighbour's for seconds at a time).
+pub fn measure(mac: Mac, threads: usize) -> f64 {
     let round = || {
         let start = Instant::now();
         crate::on_pool(|| {

@@ -15,10 +15,11 @@ pub(crate) fn sample_probe() -> moek_cpu::bandwidth::Probe {
     moek_cpu::bandwidth::Probe::new(moek_cpu::bandwidth::probe_bytes())
 }
 
-/// The median over samples of `bytes / bandwidth[i] / times[i]`: each timed sample's share of
-/// the read bandwidth probed just before it.
-pub(crate) fn median_ratio(bytes: f64, bandwidth: &[f64], times: &[f64]) -> f64 {
-    median(bandwidth.iter().zip(times).map(|(bw, t)| bytes / bw / t))
+/// The median over samples of `work / roof[i] / times[i]`: each timed sample's share of the
+/// roof measured just before it (bytes against the read bandwidth probed, FLOPs against the
+/// peak timed).
+pub(crate) fn median_ratio(work: f64, roof: &[f64], times: &[f64]) -> f64 {
+    median(roof.iter().zip(times).map(|(r, t)| work / r / t))
 }
 
 /// Figures as one pretty JSON object on stdout (what `--format json` scripts read).
