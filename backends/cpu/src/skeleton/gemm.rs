@@ -80,10 +80,7 @@ fn gemm_gate_up<W: Weight, A: Element>(
         .zip(aw.par_chunks_mut(GATE_ROWS * f_n))
         .enumerate()
         .for_each(|(c, (gu, a))| {
-            for part in rest.chunks_exact(n * 2 * f_n) {
-                let part = &part[c * GATE_ROWS * 2 * f_n..][..gu.len()];
-                gu.iter_mut().zip(part).for_each(|(g, p)| *g += p);
-            }
+            add_parts(rest, n * 2 * f_n, c * GATE_ROWS * 2 * f_n, gu);
             gate_rows(gu, a, f_n, None, pair);
         });
     aw
@@ -141,10 +138,16 @@ fn gemm_down<W: Weight, A: Element>(
 /// F parts, `out.len()` values a row).
 fn sum_parts(y: &[f32], parts: usize, i: usize, out: &mut [f32]) {
     let h = out.len();
-    let rows = y.len() / parts / h;
-    out.copy_from_slice(&y[i * h..][..h]);
-    for p in 1..parts {
-        let part = &y[(p * rows + i) * h..][..h];
+    let (first, rest) = y.split_at(y.len() / parts);
+    out.copy_from_slice(&first[i * h..][..h]);
+    add_parts(rest, first.len(), i * h, out);
+}
+
+/// `out += part[at..at + out.len()]` for each part of `len` values in `parts`, in order: a
+/// split reduction's partial sums completed in part order.
+fn add_parts(parts: &[f32], len: usize, at: usize, out: &mut [f32]) {
+    for part in parts.chunks_exact(len) {
+        let part = &part[at..][..out.len()];
         out.iter_mut().zip(part).for_each(|(o, v)| *o += v);
     }
 }
