@@ -67,10 +67,22 @@ pub fn decode(v: u16) -> f32 {
 /// a bank encodes hundreds of millions of values).
 pub fn encode_slice(src: &[f32], dst: &mut [u16]) {
     #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512bw") {
+        // SAFETY: AVX-512 BW (and so F) was detected.
+        return unsafe { encode_slice_avx512(src, dst) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 was detected.
         return unsafe { encode_slice_avx2(src, dst) };
     }
+    encode_slice_any(src, dst);
+}
+
+/// The same code compiled for 512-bit vectors.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn encode_slice_avx512(src: &[f32], dst: &mut [u16]) {
     encode_slice_any(src, dst);
 }
 
@@ -112,10 +124,22 @@ fn encode_slice_any(src: &[f32], dst: &mut [u16]) {
 /// reads; a 256 KiB lookup table competed with the matmuls for L2).
 pub fn decode_slice(src: &[u16], dst: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512bw") {
+        // SAFETY: AVX-512 BW (and so F) was detected.
+        return unsafe { decode_slice_avx512(src, dst) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 was detected.
         return unsafe { decode_slice_avx2(src, dst) };
     }
+    decode_slice_any(src, dst);
+}
+
+/// The same code compiled for 512-bit vectors.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn decode_slice_avx512(src: &[u16], dst: &mut [f32]) {
     decode_slice_any(src, dst);
 }
 
@@ -184,14 +208,23 @@ mod tests {
     #[test]
     fn the_slice_decode_agrees_with_decode_for_every_bit_pattern() {
         let all: Vec<u16> = (0..=u16::MAX).collect();
-        let mut got = vec![0f32; all.len()];
-        decode_slice(&all, &mut got);
-        for (&v, g) in all.iter().zip(&got) {
-            let want = decode(v);
-            assert!(
-                g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
-                "{v:#06x}: {g} against {want}"
-            );
+        let mut paths: Vec<(&str, fn(&[u16], &mut [f32]))> =
+            vec![("chosen", decode_slice), ("portable", decode_slice_any)];
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 was detected.
+            paths.push(("avx2", |s, d| unsafe { decode_slice_avx2(s, d) }));
+        }
+        for (path, decode_slice) in paths {
+            let mut got = vec![0f32; all.len()];
+            decode_slice(&all, &mut got);
+            for (&v, g) in all.iter().zip(&got) {
+                let want = decode(v);
+                assert!(
+                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                    "{path}: {v:#06x}: {g} against {want}"
+                );
+            }
         }
     }
 
@@ -215,10 +248,19 @@ mod tests {
             1e-12,
             -1e12,
         ]);
-        let mut got = vec![0u16; xs.len()];
-        encode_slice(&xs, &mut got);
-        for (x, g) in xs.iter().zip(&got) {
-            assert_eq!(*g, encode(*x), "{x:e} ({:#010x})", x.to_bits());
+        let mut paths: Vec<(&str, fn(&[f32], &mut [u16]))> =
+            vec![("chosen", encode_slice), ("portable", encode_slice_any)];
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 was detected.
+            paths.push(("avx2", |s, d| unsafe { encode_slice_avx2(s, d) }));
+        }
+        for (path, encode_slice) in paths {
+            let mut got = vec![0u16; xs.len()];
+            encode_slice(&xs, &mut got);
+            for (x, g) in xs.iter().zip(&got) {
+                assert_eq!(*g, encode(*x), "{path}: {x:e} ({:#010x})", x.to_bits());
+            }
         }
     }
 
