@@ -205,10 +205,13 @@ mod tests {
         assert_eq!(decode(encode(1e-12)), 0.0);
     }
 
+    /// A slice conversion, one path of it.
+    type Slices<A, B> = fn(&[A], &mut [B]);
+
     #[test]
     fn the_slice_decode_agrees_with_decode_for_every_bit_pattern() {
         let all: Vec<u16> = (0..=u16::MAX).collect();
-        let mut paths: Vec<(&str, fn(&[u16], &mut [f32]))> =
+        let mut paths: Vec<(&str, Slices<u16, f32>)> =
             vec![("chosen", decode_slice), ("portable", decode_slice_any)];
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") {
@@ -248,7 +251,7 @@ mod tests {
             1e-12,
             -1e12,
         ]);
-        let mut paths: Vec<(&str, fn(&[f32], &mut [u16]))> =
+        let mut paths: Vec<(&str, Slices<f32, u16>)> =
             vec![("chosen", encode_slice), ("portable", encode_slice_any)];
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") {
