@@ -141,6 +141,7 @@ impl<const G: usize> Element for BlockQ8<G> {
         }
     }
 
+    #[inline(always)]
     fn quantize(values: &[f32]) -> Self {
         assert_eq!(
             values.len(),
@@ -148,7 +149,7 @@ impl<const G: usize> Element for BlockQ8<G> {
             "a Q8 block holds {} values",
             Self::VALUES
         );
-        let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let amax = amax(values);
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         let mut b = BlockQ8::<G> {
@@ -157,7 +158,7 @@ impl<const G: usize> Element for BlockQ8<G> {
         };
         for (group, vs) in b.qs.iter_mut().zip(values.chunks_exact(GROUP)) {
             for (q, &v) in group.iter_mut().zip(vs) {
-                *q = (v * id).round() as i8;
+                *q = whole(rounded(v * id), -128.0, 127.0) as i8;
             }
         }
         b
@@ -209,6 +210,7 @@ impl<const G: usize> Element for BlockQ4<G> {
         }
     }
 
+    #[inline(always)]
     fn quantize(values: &[f32]) -> Self {
         assert_eq!(
             values.len(),
@@ -218,7 +220,7 @@ impl<const G: usize> Element for BlockQ4<G> {
         );
         // The first value of the largest magnitude (0 when all are zero or NaN), found in two
         // passes the compiler vectorizes rather than one chain of dependent selects.
-        let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let amax = amax(values);
         let max = match amax {
             0.0 => 0.0,
             _ => values
@@ -229,7 +231,7 @@ impl<const G: usize> Element for BlockQ4<G> {
         };
         let d = max / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        let q = |v: f32| ((v * id + 8.5) as i32).clamp(0, 15) as u8;
+        let q = |v: f32| whole((v * id + 8.5).trunc(), 0.0, 15.0) as u8;
         let mut b = BlockQ4::<G> {
             d: f16::from_f32(d).to_bits(),
             ..Default::default()
@@ -242,6 +244,43 @@ impl<const G: usize> Element for BlockQ4<G> {
         }
         b
     }
+}
+
+/// The largest magnitude in `values` (a whole number of groups), NaNs ignored, 0 when there is
+/// none: sixteen running maxima side by side, which a vector unit keeps in one register (the
+/// maximum ignoring NaNs does not depend on the order it is taken in).
+#[inline(always)]
+fn amax(values: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    for c in values.chunks_exact(16) {
+        for (l, v) in lanes.iter_mut().zip(c) {
+            *l = l.max(v.abs());
+        }
+    }
+    lanes.iter().fold(0f32, |m, &l| m.max(l))
+}
+
+/// `x` rounded half away from zero (`f32::round`, which x86 has no instruction for), from
+/// `trunc` and exact operations, so that a loop of it vectorises.
+#[inline(always)]
+fn rounded(x: f32) -> f32 {
+    let t = x.trunc();
+    // Exact: `x - t` is `x`'s fraction (0 for the integral and NaN for the infinite).
+    if (x - t).abs() >= 0.5 {
+        t + 1f32.copysign(x)
+    } else {
+        t
+    }
+}
+
+/// An integral `x` clamped to `lo..=hi` (within i16), NaN as 0: what `x as i32` then a clamp
+/// give, in selects and an exact add (the integer lands in the low bits of 1.5 * 2^23 + x)
+/// rather than a saturating conversion per value.
+#[inline(always)]
+fn whole(x: f32, lo: f32, hi: f32) -> i32 {
+    const MAGIC: f32 = 12_582_912.0;
+    let x = if x.is_nan() { 0.0 } else { x.clamp(lo, hi) };
+    (x + MAGIC).to_bits() as i32 - MAGIC.to_bits() as i32
 }
 
 /// `2^(e - 127)` for every e8m0 scale byte `e` (subnormal at 0, NaN at 255): a kernel loads a
@@ -311,9 +350,10 @@ impl Element for BlockMxfp4 {
     /// The OCP conversion: the shared exponent `floor(log2(amax)) - 2` (e2m1's largest
     /// exponent), then each value to the nearest e2m1 (ties to the even mantissa), clipped to
     /// +-6.
+    #[inline(always)]
     fn quantize(values: &[f32]) -> Self {
         assert_eq!(values.len(), GROUP, "an MXFP4 block holds {GROUP} values");
-        let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let amax = amax(values);
         // floor(log2(amax)) from the exponent of the value widened to f64 (f32 subnormals are
         // normal there).
         let exp = if amax > 0.0 {
@@ -380,6 +420,38 @@ pub fn dequantize<Q: Element>(blocks: &[Q]) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The vectorisable forms give what `round` and a saturating `as` give, on the cases where
+    /// they could part: ties, NaNs, infinities, signed zeros, values past either end.
+    #[test]
+    fn rounding_and_clamping_match_the_library_forms() {
+        let mut cases = vec![
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            1e-40,
+            3e38,
+            -3e38,
+            8_388_607.5,
+            16_777_216.0,
+        ];
+        cases.extend((-600..600).map(|i| i as f32 / 4.0));
+        cases.extend((0..1_000_000u32).map(|i| f32::from_bits(i.wrapping_mul(2_654_435_761))));
+        for x in cases {
+            assert_eq!(
+                whole(rounded(x), -128.0, 127.0) as i8,
+                x.round() as i8,
+                "{x:e}"
+            );
+            assert_eq!(
+                whole(x.trunc(), 0.0, 15.0),
+                (x as i32).clamp(0, 15),
+                "{x:e}"
+            );
+        }
+    }
 
     /// The nearest step by search over all sixteen, ties to the even nibble and +0 first.
     fn nearest_by_search(x: f64) -> u8 {

@@ -169,7 +169,7 @@ pub fn isa() -> Isa {
 /// is inlined into a function carrying the level's features, so it must be `#[inline(always)]`
 /// as written (a closure marked so, calling only inlined code).
 #[inline(always)]
-pub(crate) fn vectorised<R>(body: impl FnOnce() -> R) -> R {
+pub fn vectorised<R>(body: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     fn avx512<R>(body: impl FnOnce() -> R) -> R {
