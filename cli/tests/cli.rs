@@ -429,6 +429,9 @@ fn model_bench(geometry: &str, traced: &[&str], extra: &[&str]) -> serde_json::V
         "prefill_moe_gflops",
         "prefill_rest_gflops",
         "prefill_head_ms",
+        "prefill_weight_bytes",
+        "prefill_roof_gflops",
+        "prefill_moe_roof_gflops",
     ] {
         let x = v[key]
             .as_f64()
@@ -452,6 +455,19 @@ fn model_bench(geometry: &str, traced: &[&str], extra: &[&str]) -> serde_json::V
         moe_rest_flops < whole_flops && whole_flops - moe_rest_flops < 0.05 * whole_flops,
         "prefill {whole_flops} GFLOP in all, {moe_rest_flops} outside the LM head row"
     );
+    // The roof: the peak, or the bandwidth times FLOPs per weight byte where that is lower;
+    // the weights it counts are held.
+    let peak = v["integer_peak_gflops"]
+        .as_f64()
+        .unwrap_or(f("isa_peak_gflops"));
+    let streamed = whole_flops * 1e9 / f("prefill_weight_bytes") * f("read_bandwidth_gbs");
+    let roof = f("prefill_roof_gflops");
+    assert!(
+        (roof - peak.min(streamed)).abs() < 1e-6 * roof,
+        "roof {roof} against peak {peak} and streamed {streamed}"
+    );
+    assert!(f("prefill_moe_roof_gflops") <= peak, "{out}");
+    assert!(f("prefill_weight_bytes") <= f("weights_bytes"), "{out}");
     // The step's parts: the traced kernel kinds, each a positive time, and the rest.
     let parts = &v["decode_step_ms"];
     for key in ["lm_head", "moe", "dense_mlp"] {
@@ -500,6 +516,10 @@ fn the_kernel_bench_judges_each_prefill_call_against_its_own_peak() {
     for ratio in ["prefill_peak_ratio", "persistent_peak_ratio"] {
         assert!(f(ratio) < 1.5, "{ratio} = {} in {out}", f(ratio));
     }
+    assert!(
+        f("prefill_roof_gflops") <= f("isa_peak_gflops"),
+        "the roof is at most the peak: {out}"
+    );
     for key in [
         "isa_peak_gflops",
         "prefill_gflops",

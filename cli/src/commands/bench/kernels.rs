@@ -46,6 +46,10 @@ pub struct Figures {
     pub isa_peak_gflops: f64,
     /// Per grouped call, its GFLOP/s against the peak timed just before it; the median.
     pub prefill_peak_ratio: f64,
+    /// The most a prefill call could reach: the lower of that peak and the probed read
+    /// bandwidth times its FLOPs per byte of the expert bank (every expert is read at least
+    /// once, the bank being far larger than the caches).
+    pub prefill_roof_gflops: f64,
     /// The persistent prefill variant on the same inputs, calls alternated with the grouped.
     pub persistent_kernel: String,
     pub persistent_ms: f64,
@@ -99,6 +103,12 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, CommandError> {
                 f.persistent_ms,
                 f.persistent_gflops,
                 f.persistent_peak_ratio * 100.0
+            );
+            println!(
+                "prefill against the roof, {:.1} GFLOP/s (the lower of the peak and the probed bandwidth x FLOPs per bank byte): grouped {:.0}%, persistent {:.0}%",
+                f.prefill_roof_gflops,
+                f.prefill_gflops / f.prefill_roof_gflops * 100.0,
+                f.persistent_gflops / f.prefill_roof_gflops * 100.0
             );
         }
     }
@@ -163,6 +173,9 @@ pub fn measure(iters: usize) -> Result<Figures, CommandError> {
     let [prefill_peak_ratio, persistent_peak_ratio] =
         [0, 1].map(|v| median_ratio(flops, &peaks[v], &times[v]));
     let peak = median(peaks.iter().flatten().copied()) / 1e9;
+    // Every expert of the bank, as the persistent variant reads it and top-8 routes of 512
+    // tokens over 128 experts all but surely touch.
+    let bank_bytes = (pshape.e * 3 * pshape.f * pshape.h * size_of::<bf16>()) as f64;
     let [prefill_s, persistent_s] = times.map(|t| median(t.into_iter()));
     drop(case);
     let gemm_s = median((0..iters.min(7)).map(|_| sgemm_same_flops(threads)));
@@ -183,6 +196,7 @@ pub fn measure(iters: usize) -> Result<Figures, CommandError> {
         prefill_ratio: gemm_s / prefill_s,
         isa_peak_gflops: peak,
         prefill_peak_ratio,
+        prefill_roof_gflops: peak.min(flops / bank_bytes * read_bandwidth / 1e9),
         persistent_kernel: persistent.name().to_string(),
         persistent_ms: persistent_s * 1e3,
         persistent_gflops: flops / persistent_s / 1e9,

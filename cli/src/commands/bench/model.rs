@@ -52,6 +52,16 @@ pub struct ModelFigures {
     /// its `vpdpbusd` peak on all threads, a byte multiply-add counted as two operations: the
     /// roof prefill is then judged against.
     pub integer_peak_gflops: Option<f64>,
+    /// Bytes of every matrix a prefill multiplies (every expert, the whole LM head), as
+    /// stored: each is read from memory at least once, the weights being far larger than the
+    /// caches.
+    pub prefill_weight_bytes: f64,
+    /// What a prefill could reach: the lower of the peak it is judged against (the integer one
+    /// where the GEMM multiplies in integers) and the probed read bandwidth times its FLOPs per
+    /// weight byte. At 512 tokens the AMX tiles outrun the memory: the bandwidth is the roof.
+    pub prefill_roof_gflops: f64,
+    /// The same roof for the MoE blocks alone (their FLOPs over every expert's bytes).
+    pub prefill_moe_roof_gflops: f64,
     /// The tile the bf16 GEMM runs: `fma`, `dot` (`vdpbf16ps`) or `amx`.
     pub bf16_gemm: &'static str,
     pub decode_tokens_per_s: f64,
@@ -191,6 +201,16 @@ fn report(f: &ModelFigures, format: Format) {
                     peak
                 );
             }
+            println!(
+                "  against the roof (the lower of that peak and the probed bandwidth x FLOPs per \
+                 weight byte, every weight read once: {:.2} GB): prefill {:.0}% of {:.0} GFLOP/s, \
+                 MoE blocks {:.0}% of {:.0}",
+                f.prefill_weight_bytes / 1e9,
+                f.prefill_gflops / f.prefill_roof_gflops * 100.0,
+                f.prefill_roof_gflops,
+                f.prefill_moe_gflops / f.prefill_moe_roof_gflops * 100.0,
+                f.prefill_moe_roof_gflops
+            );
             println!(
                 "decode (median of {} steps): {:.2} tokens/s; {:.1} MB read per step -> ceiling \
                  {:.2} tokens/s; each step against its own probe: {:.0}% (median)",
@@ -428,6 +448,13 @@ fn timed(
     let moe_s = moe_all / 1e3 / layers as f64;
     let isa = moek_cpu::isa();
     let threads = rayon::current_num_threads();
+    let isa_peak_gflops = isa.peak_gflops(threads);
+    let integer_peak_gflops = quantized.and_then(|q| isa.integer_peak_gflops(q.format, threads));
+    let roof = |flops: f64, bytes: f64| {
+        integer_peak_gflops
+            .unwrap_or(isa_peak_gflops)
+            .min(flops / bytes * read_bandwidth / 1e9)
+    };
     Ok(ModelFigures {
         variant: args.variant.clone(),
         geometry: geometry.into(),
@@ -449,9 +476,12 @@ fn timed(
         decode_steps: steps,
         prefill_tokens_per_s: prompt.len() as f64 / prefill_s,
         prefill_gflops: work.prefill_flops / prefill_s / 1e9,
-        isa_peak_gflops: isa.peak_gflops(threads),
+        isa_peak_gflops,
         f32_peak_gflops: isa.f32_peak_gflops(threads),
-        integer_peak_gflops: quantized.and_then(|q| isa.integer_peak_gflops(q.format, threads)),
+        integer_peak_gflops,
+        prefill_weight_bytes: work.prefill_bytes,
+        prefill_roof_gflops: roof(work.prefill_flops, work.prefill_bytes),
+        prefill_moe_roof_gflops: roof(work.moe_prefill_flops, work.moe_prefill_bytes),
         bf16_gemm: match (isa, moek_cpu::gemm::bf16_tile()) {
             (moek_cpu::Isa::Amx, _) => "amx",
             (_, moek_cpu::gemm::Bf16Tile::Dot) => "dot",
@@ -488,6 +518,10 @@ struct Work {
     moe_prefill_flops: f64,
     /// The part the LM head computes: its one row.
     head_flops: f64,
+    /// Bytes of every matrix the prefill multiplies (every expert), as stored.
+    prefill_bytes: f64,
+    /// The part of `prefill_bytes` the MoE blocks read: every expert of every layer.
+    moe_prefill_bytes: f64,
     decode_bytes: f64,
     moe_decode_bytes: f64,
 }
@@ -507,6 +541,8 @@ impl Work {
         let (banks, linears) = Quantize::formats(quant);
         let (quantized_bytes, dense_bytes) = (bytes(banks), bytes(linears));
         let mut decode_bytes = cfg.vocab_size as f64 * h * quantized_bytes;
+        let mut prefill_bytes = decode_bytes;
+        let mut moe_prefill_bytes = 0.0;
         let head_flops = 2.0 * cfg.vocab_size as f64 * h;
         let mut prefill_flops = head_flops;
         let mut moe_decode = 0.0;
@@ -521,6 +557,7 @@ impl Work {
             let dense =
                 (2.0 * nh * d * h + kv * d * h + v) + 3.0 * cfg.intermediate_size as f64 * h;
             decode_bytes += dense * dense_bytes;
+            prefill_bytes += dense * dense_bytes;
             prefill_flops += 2.0 * st * dense;
             // Causal: query i sees i + 1 keys, at most the window on sliding layers.
             let window = match l.attention {
@@ -535,6 +572,9 @@ impl Work {
                 let router = m.num_experts as f64 * h;
                 moe_decode = experts * quantized_bytes;
                 decode_bytes += moe_decode + router * e;
+                let every = (m.num_experts * 3 * m.moe_intermediate_size) as f64 * h;
+                moe_prefill_bytes += every * quantized_bytes;
+                prefill_bytes += every * quantized_bytes + router * e;
                 prefill_flops += 2.0 * st * (experts + router);
                 moe_prefill_flops += 2.0 * st * experts;
             }
@@ -543,6 +583,8 @@ impl Work {
             prefill_flops,
             moe_prefill_flops,
             head_flops,
+            prefill_bytes,
+            moe_prefill_bytes,
             decode_bytes,
             moe_decode_bytes: moe_decode,
         }
@@ -581,10 +623,13 @@ impl Work {
             cache += cache_bytes(s.min(window), kv, d);
         }
         let layers = cfg.layers.len() as f64;
+        let every = (m.num_local_experts * 3 * m.intermediate_size) as f64 * h * expert_bytes;
         Work {
             prefill_flops,
             moe_prefill_flops: layers * 2.0 * st * experts,
             head_flops: 2.0 * head,
+            prefill_bytes: (head + layers * (attention + router)) * e + layers * every,
+            moe_prefill_bytes: layers * every,
             decode_bytes: (head + layers * (attention + router)) * e
                 + layers * experts * expert_bytes
                 + cache,
@@ -603,6 +648,7 @@ impl Work {
         let attention = 2.0 * nh * d * h + 2.0 * kv * d * h;
         let experts = (m.num_experts_per_tok * 3 * m.moe_intermediate_size) as f64 * h;
         let router = m.num_experts as f64 * h;
+        let every = (m.num_experts * 3 * m.moe_intermediate_size) as f64 * h;
         let layers = cfg.layers.len() as f64;
         let visible: f64 = (0..s).map(|i| (i + 1) as f64).sum();
         let head = cfg.vocab_size as f64 * h;
@@ -611,6 +657,8 @@ impl Work {
                 + layers * (2.0 * st * (attention + experts + router) + 4.0 * nh * d * visible),
             moe_prefill_flops: layers * 2.0 * st * experts,
             head_flops: 2.0 * head,
+            prefill_bytes: (head + layers * (attention + every + router)) * e,
+            moe_prefill_bytes: layers * every * e,
             decode_bytes: (head + layers * (attention + experts + router)) * e
                 + layers * cache_bytes(s, kv, d),
             moe_decode_bytes: experts * e,

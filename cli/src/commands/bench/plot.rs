@@ -1,7 +1,8 @@
 //! `moek bench --plot FILE.svg`: each measured figure of the model bench against its roof, per
 //! storage format, so how far each is from its floor shows at a glance. Decode tokens/s stand
 //! beside the ceiling the probed read bandwidth gives for the bytes a step reads; prefill GFLOP/s
-//! beside the level's bf16 GEMM peak (the MAC peak the prefill kernels aim at).
+//! beside its roof: the level's GEMM peak (the MAC peak the prefill kernels aim at), or where
+//! the weights cannot be read that fast (AMX), the probed bandwidth times FLOPs per weight byte.
 
 use super::model::ModelFigures;
 use crate::commands::CommandError;
@@ -29,8 +30,8 @@ const PANELS: [Panel; 2] = [
         title: "prefill",
         unit: "GFLOP/s",
         figure: |f| f.prefill_gflops,
-        roof: |f| f.integer_peak_gflops.unwrap_or(f.isa_peak_gflops),
-        roof_name: "peak: the level's GEMM rate on all threads (bf16, or vpdpbusd for the integer GEMM)",
+        roof: |f| f.prefill_roof_gflops,
+        roof_name: "roof: the level's GEMM peak (bf16, or vpdpbusd for the integer GEMM), or bandwidth x FLOPs per weight byte if lower",
     },
 ];
 
@@ -165,6 +166,9 @@ mod tests {
             isa_peak_gflops: 300.0,
             integer_peak_gflops: None,
             f32_peak_gflops: 300.0,
+            prefill_weight_bytes: 1e9,
+            prefill_roof_gflops: 300.0,
+            prefill_moe_roof_gflops: 300.0,
             bf16_gemm: "fma",
             decode_tokens_per_s: decode,
             decode_ceiling_tokens_per_s: ceiling,
