@@ -6,6 +6,10 @@ use std::process::ExitCode;
 
 mod commands;
 
+/// Weights built in memory start on a cache line: the AMX tiles read their rows in place.
+#[global_allocator]
+static ALLOCATOR: moek_cpu::memory::LineAligned = moek_cpu::memory::LineAligned;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "moek",
