@@ -197,10 +197,13 @@ mod line {
         let Some(total) = size.checked_add(SPARE) else {
             return std::ptr::null_mut();
         };
-        // SAFETY: the caller's contract.
-        let (raw, offset) = unsafe { (raw(ptr), ptr.offset_from(raw(ptr)) as usize) };
-        // SAFETY: `raw` is the system's block; the new one holds `total` bytes.
-        let moved = unsafe { libc::realloc(raw.cast(), total) }.cast::<u8>();
+        // SAFETY: the caller's contract; `ptr` lies inside the system's block.
+        let (base, offset) = unsafe {
+            let base = raw(ptr);
+            (base, ptr.offset_from(base) as usize)
+        };
+        // SAFETY: `base` is the system's block; the new one holds `total` bytes.
+        let moved = unsafe { libc::realloc(base.cast(), total) }.cast::<u8>();
         if moved.is_null() {
             return moved;
         }

@@ -22,6 +22,13 @@ pub(crate) fn median_ratio(work: f64, roof: &[f64], times: &[f64]) -> f64 {
     median(roof.iter().zip(times).map(|(r, t)| work / r / t))
 }
 
+/// The most a prefill could reach, GFLOP/s: the lower of the `peak` (GFLOP/s) and what reading
+/// its weights once allows, `flops` over the time `bytes` take at `bandwidth` (bytes/s). Every
+/// weight is read from memory at least once, the weights being far larger than the caches.
+pub(crate) fn prefill_roof(peak: f64, flops: f64, bytes: f64, bandwidth: f64) -> f64 {
+    peak.min(flops / bytes * bandwidth / 1e9)
+}
+
 /// Figures as one pretty JSON object on stdout (what `--format json` scripts read).
 pub(crate) fn print_json(figures: &impl serde::Serialize) {
     println!(

@@ -11,7 +11,9 @@
 //! one run.
 
 use super::BenchArgs;
-use crate::commands::figures::{Format, median, median_ratio, print_json, sample_probe};
+use crate::commands::figures::{
+    Format, median, median_ratio, prefill_roof, print_json, sample_probe,
+};
 use crate::commands::{CommandError, spec};
 use half::bf16;
 use moek_kernels::ir::Op;
@@ -196,7 +198,7 @@ pub fn measure(iters: usize) -> Result<Figures, CommandError> {
         prefill_ratio: gemm_s / prefill_s,
         isa_peak_gflops: peak,
         prefill_peak_ratio,
-        prefill_roof_gflops: peak.min(flops / bank_bytes * read_bandwidth / 1e9),
+        prefill_roof_gflops: prefill_roof(peak, flops, bank_bytes, read_bandwidth),
         persistent_kernel: persistent.name().to_string(),
         persistent_ms: persistent_s * 1e3,
         persistent_gflops: flops / persistent_s / 1e9,

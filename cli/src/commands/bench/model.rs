@@ -6,7 +6,9 @@
 
 use super::{BenchArgs, Geometry};
 use crate::commands::CommandError;
-use crate::commands::figures::{Format, median, median_ratio, print_json, sample_probe};
+use crate::commands::figures::{
+    Format, median, median_ratio, prefill_roof, print_json, sample_probe,
+};
 use half::bf16;
 use moek_kernels::ir::BlockFormat;
 use moek_model::checkpoint::{Checkpoint, LoadError};
@@ -453,11 +455,8 @@ fn timed(
     let moe_s = moe_all / 1e3 / layers as f64;
     let isa_peak_gflops = median(peaks.into_iter());
     let integer_peak_gflops = quantized.and_then(|q| isa.integer_peak_gflops(q.format, threads));
-    let roof = |flops: f64, bytes: f64| {
-        integer_peak_gflops
-            .unwrap_or(isa_peak_gflops)
-            .min(flops / bytes * read_bandwidth / 1e9)
-    };
+    let peak = integer_peak_gflops.unwrap_or(isa_peak_gflops);
+    let roof = |flops: f64, bytes: f64| prefill_roof(peak, flops, bytes, read_bandwidth);
     Ok(ModelFigures {
         variant: args.variant.clone(),
         geometry: geometry.into(),
@@ -543,8 +542,9 @@ impl Work {
         };
         let (banks, linears) = Quantize::formats(quant);
         let (quantized_bytes, dense_bytes) = (bytes(banks), bytes(linears));
-        let mut decode_bytes = cfg.vocab_size as f64 * h * quantized_bytes;
-        let mut prefill_bytes = decode_bytes;
+        let head_bytes = cfg.vocab_size as f64 * h * quantized_bytes;
+        let mut decode_bytes = head_bytes;
+        let mut prefill_bytes = head_bytes;
         let mut moe_prefill_bytes = 0.0;
         let head_flops = 2.0 * cfg.vocab_size as f64 * h;
         let mut prefill_flops = head_flops;
@@ -575,9 +575,9 @@ impl Work {
                 let router = m.num_experts as f64 * h;
                 moe_decode = experts * quantized_bytes;
                 decode_bytes += moe_decode + router * e;
-                let every = (m.num_experts * 3 * m.moe_intermediate_size) as f64 * h;
-                moe_prefill_bytes += every * quantized_bytes;
-                prefill_bytes += every * quantized_bytes + router * e;
+                let bank = (m.num_experts * 3 * m.moe_intermediate_size) as f64 * h;
+                moe_prefill_bytes += bank * quantized_bytes;
+                prefill_bytes += bank * quantized_bytes + router * e;
                 prefill_flops += 2.0 * st * (experts + router);
                 moe_prefill_flops += 2.0 * st * experts;
             }
