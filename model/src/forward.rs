@@ -130,8 +130,9 @@ pub struct LayerCache {
 }
 
 impl LayerCache {
-    /// Appends rows `k`, `v` (`[s, kv, d]`) at `positions`.
-    pub(crate) fn append(
+    /// Appends rows `k`, `v` (`[s, kv, d]`) at `positions`, rounded to the model's type `W`
+    /// (what [`crate::ops::attention`] multiplies them as).
+    pub(crate) fn append<W: Element>(
         &mut self,
         k: &[f32],
         v: &[f32],
@@ -147,6 +148,11 @@ impl LayerCache {
                 self.k[g].extend_from_slice(&k[at.clone()]);
                 self.v[g].extend_from_slice(&v[at]);
             }
+        }
+        let new = positions.len() * d;
+        for x in self.k.iter_mut().chain(&mut self.v) {
+            let from = x.len() - new;
+            crate::ops::round_to::<W>(&mut x[from..]);
         }
         self.pos.extend_from_slice(positions);
     }

@@ -30,15 +30,21 @@ use std::ops::Range;
 use std::sync::OnceLock;
 
 /// RMSNorm over each `n`-wide row, in f32, weight applied as is (Gemma-4: no `1 + w`);
-/// `w = None` is the weightless norm.
+/// `w = None` is the weightless norm. Rows go to the pool's threads (a prompt's are thousands),
+/// each squared sum in [`LANES`] lanes.
 pub fn rms_norm(x: &mut [f32], n: usize, w: Option<&[f32]>, eps: f32) {
-    x.chunks_mut(n).for_each(|row| {
-        let ms = row.iter().map(|v| v * v).sum::<f32>() / n as f32 + eps;
-        let r = 1.0 / ms.sqrt();
-        match w {
-            Some(w) => row.iter_mut().zip(w).for_each(|(v, w)| *v = *v * r * w),
-            None => row.iter_mut().for_each(|v| *v *= r),
-        }
+    x.par_chunks_mut(n).for_each(|row| {
+        moek_cpu::isa::vectorised(
+            #[inline(always)]
+            || {
+                let squares = lanes(row, 0.0, |s, v| s + v * v, |a, b| a + b);
+                let r = 1.0 / (squares / n as f32 + eps).sqrt();
+                match w {
+                    Some(w) => row.iter_mut().zip(w).for_each(|(v, w)| *v = *v * r * w),
+                    None => row.iter_mut().for_each(|v| *v *= r),
+                }
+            },
+        )
     });
 }
 
@@ -51,7 +57,10 @@ pub fn normed(x: &[f32], n: usize, w: &[f32], eps: f32) -> Vec<f32> {
 
 /// Rounds activations to the weight dtype (what a 16-bit checkpoint's model computes on).
 pub fn to_w<W: Element>(x: &[f32]) -> Vec<W> {
-    x.iter().map(|&v| <W as Element>::from_f32(v)).collect()
+    moek_cpu::isa::vectorised(
+        #[inline(always)]
+        || x.iter().map(|&v| <W as Element>::from_f32(v)).collect(),
+    )
 }
 
 /// `y[t, o] = x[t, :] . w[o, :]` for `rows` rows of `x` (`[rows, inp]`) and `w` `[out, inp]`,
@@ -205,23 +214,25 @@ pub fn inv_freq(rope: &Rope, d: usize) -> Vec<f32> {
 /// `(i, i + d/2)` (the halves convention).
 pub fn rope(x: &mut [f32], d: usize, positions: &[usize], inv: &[f32]) {
     let per_row = x.len() / positions.len();
-    x.chunks_mut(per_row).zip(positions).for_each(|(row, &p)| {
-        let (cos, sin): (Vec<f32>, Vec<f32>) = inv
-            .iter()
-            .map(|f| {
-                let a = p as f32 * f;
-                (a.cos(), a.sin())
-            })
-            .unzip();
-        row.chunks_mut(d).for_each(|head| {
-            let (lo, hi) = head.split_at_mut(d / 2);
-            for j in 0..d / 2 {
-                let (a, b) = (lo[j], hi[j]);
-                lo[j] = a * cos[j] - b * sin[j];
-                hi[j] = b * cos[j] + a * sin[j];
-            }
+    x.par_chunks_mut(per_row)
+        .zip(positions)
+        .for_each(|(row, &p)| {
+            let (cos, sin): (Vec<f32>, Vec<f32>) = inv
+                .iter()
+                .map(|f| {
+                    let a = p as f32 * f;
+                    (a.cos(), a.sin())
+                })
+                .unzip();
+            row.chunks_mut(d).for_each(|head| {
+                let (lo, hi) = head.split_at_mut(d / 2);
+                for j in 0..d / 2 {
+                    let (a, b) = (lo[j], hi[j]);
+                    lo[j] = a * cos[j] - b * sin[j];
+                    hi[j] = b * cos[j] + a * sin[j];
+                }
+            });
         });
-    });
 }
 
 /// Causal attention of `s` new queries (`q` `[s, heads, d]`, positions `qpos`) over `n` keys and
@@ -230,14 +241,20 @@ pub fn rope(x: &mut [f32], d: usize, positions: &[usize], inv: &[f32]) {
 /// each softmax's denominator. Both position lists ascend (the cache appends in order). Returns
 /// `[s, heads * d]`.
 ///
+/// The products multiply operands in the model's type `W`, as the model's own framework does
+/// in that type: the queries and the probabilities are rounded to `W` here, the keys and values
+/// where the cache takes them ([`round_to`]); the sums are f32. So a bf16 model's prompt runs
+/// its attention on the bf16 GEMM tiles (AMX where present), and its decode multiplies the same
+/// rounded values in f32 (exact products either way: the two differ by summation order only).
+///
 /// Work goes by KV head and block of query rows, so the heads sharing a KV head read its keys
 /// and values once, as one contiguous run: the block's query rows of all those heads are one
 /// matrix, scored against every key up to the block's last position as one GEMM (a prompt's
-/// later keys are invisible to the whole block), masked to `-inf` where invisible (probability
-/// exactly 0), softmaxed by row, then multiplied by the values: a GEMM against the values
+/// later keys are invisible to the whole block), each row softmaxed over the keys it sees (the
+/// others' probabilities exactly 0), then multiplied by the values: a GEMM against the values
 /// transposed once per call, or a sum of scaled value rows when the rows are too few to pay for
 /// the transpose (decode).
-pub fn attention(
+pub fn attention<W: Element>(
     shape: Heads,
     q: &[f32],
     qpos: &[usize],
@@ -259,18 +276,26 @@ pub fn attention(
     let group = heads / kv;
     // Query positions per block: about 256 score rows (QB x n scores in flight per task).
     let qb = (256 / group).max(1);
-    let visible = |p: usize, kp: usize| kp <= p && shape.window.is_none_or(|w| p - kp < w);
-    // `vt[g]` is value head g transposed, `[d, n]`.
-    let vt: Option<Vec<Vec<f32>>> = (s >= moek_cpu::gemm::STREAM_ROWS).then(|| {
-        v.par_iter()
-            .map(|vg| {
-                let mut t = vec![0f32; d * n];
+    // The keys a query at `p` sees, `0 <= p - kp < window`: a run of the ascending `kpos`.
+    let seen = |p: usize| {
+        let first = shape
+            .window
+            .map_or(0, |w| kpos.partition_point(|&kp| kp + w <= p));
+        (first, kpos.partition_point(|&kp| kp <= p))
+    };
+    // A prompt's GEMM operands, once a call: each KV head's keys in `W`, and its values
+    // transposed (`[d, n]`) in `W`.
+    let gemm: Option<Vec<(Vec<W>, Vec<W>)>> = (s >= moek_cpu::gemm::STREAM_ROWS).then(|| {
+        k.par_iter()
+            .zip(v)
+            .map(|(kg, vg)| {
+                let mut t = vec![W::from_f32(0.0); d * n];
                 for (j, row) in vg.chunks(d).enumerate() {
                     for (dd, &x) in row.iter().enumerate() {
-                        t[dd * n + j] = x;
+                        t[dd * n + j] = W::from_f32(x);
                     }
                 }
-                t
+                (to_w::<W>(kg), t)
             })
             .collect()
     });
@@ -283,30 +308,43 @@ pub fn attention(
             let qs = qb.min(s - q0);
             // Rows (i, hh): query position q0 + i, head g * group + hh.
             let rows = qs * group;
-            let qg: Vec<f32> = (0..qs)
-                .flat_map(|i| &q[((q0 + i) * heads + g * group) * d..][..group * d])
-                .copied()
-                .collect();
+            let mut qg = Vec::with_capacity(rows * d);
+            for i in 0..qs {
+                qg.extend_from_slice(&q[((q0 + i) * heads + g * group) * d..][..group * d]);
+            }
             // Keys after the block's last query are masked on every row (causal): they are not
             // computed. Keys are in position order (the cache appends in order), so they are a
             // suffix; every sum runs in the same order with or without them (they add exact
             // zeros at the end), so the result is the same bit for bit.
             let nv = kpos.partition_point(|&kp| kp <= qpos[q0 + qs - 1]);
             let mut sc = vec![0f32; rows * nv];
-            moek_cpu::gemm_nt(&qg, d, &k[g], d, &mut sc, nv, rows, nv, d);
-            for (r, row) in sc.chunks_mut(nv).enumerate() {
-                let p = qpos[q0 + r / group];
-                for (x, &kp) in row.iter_mut().zip(kpos) {
-                    if !visible(p, kp) {
-                        *x = f32::NEG_INFINITY;
-                    }
+            match &gemm {
+                Some(ops) => {
+                    let qw = to_w::<W>(&qg);
+                    moek_cpu::gemm_nt(&qw, d, &ops[g].0, d, &mut sc, nv, rows, nv, d);
                 }
-                softmax_beside_sink(row, sinks.map(|s| s[g * group + r % group]));
+                None => {
+                    round_to::<W>(&mut qg);
+                    moek_cpu::gemm_nt(&qg, d, &k[g], d, &mut sc, nv, rows, nv, d);
+                }
+            }
+            for (r, row) in sc.chunks_mut(nv).enumerate() {
+                let (first, end) = seen(qpos[q0 + r / group]);
+                row[..first].fill(0.0);
+                row[end..].fill(0.0);
+                softmax_beside_sink(
+                    &mut row[first..end],
+                    sinks.map(|s| s[g * group + r % group]),
+                );
             }
             let mut o = vec![0f32; rows * d];
-            match &vt {
-                Some(vt) => moek_cpu::gemm_nt(&sc, nv, &vt[g], n, &mut o, d, rows, d, nv),
+            match &gemm {
+                Some(ops) => {
+                    let pw = to_w::<W>(&sc);
+                    moek_cpu::gemm_nt(&pw, nv, &ops[g].1, n, &mut o, d, rows, d, nv);
+                }
                 None => {
+                    round_to::<W>(&mut sc);
                     for (j, vj) in v[g].chunks(d).take(nv).enumerate() {
                         for (orow, probs) in o.chunks_mut(d).zip(sc.chunks(nv)) {
                             if probs[j] > 0.0 {
@@ -319,14 +357,30 @@ pub fn attention(
             o
         })
         .collect();
+    // Position `t`'s heads of KV head `g` are rows `t % qb` of task `(g, t / qb)`: gathered by
+    // position, in parallel (a prompt's output is tens of megabytes).
+    let blocks = s.div_ceil(qb);
     let mut out = vec![0f32; s * heads * d];
-    for (&(g, q0), o) in tasks.iter().zip(&outs) {
-        for (r, row) in o.chunks(d).enumerate() {
-            let (i, hh) = (r / group, r % group);
-            out[((q0 + i) * heads + g * group + hh) * d..][..d].copy_from_slice(row);
-        }
-    }
+    out.par_chunks_mut(heads * d)
+        .enumerate()
+        .for_each(|(t, row)| {
+            for (g, heads) in row.chunks_mut(group * d).enumerate() {
+                let o = &outs[g * blocks + t / qb];
+                heads.copy_from_slice(&o[(t % qb) * group * d..][..group * d]);
+            }
+        });
     out
+}
+
+/// `x` rounded to the nearest values of `W`, kept in f32 (exact): what attention's operands
+/// are multiplied as.
+pub fn round_to<W: Element>(x: &mut [f32]) {
+    if W::KIND != f32::KIND {
+        moek_cpu::isa::vectorised(
+            #[inline(always)]
+            || x.iter_mut().for_each(|v| *v = W::from_f32(*v).to_f32()),
+        )
+    }
 }
 
 /// The indices of the `k` largest of `p`, largest first; ties go to the lower index (a stable
@@ -360,18 +414,74 @@ pub fn softmax_in_place(x: &mut [f32]) {
 }
 
 /// [`softmax_in_place`] with one more logit, `sink`, in the denominator only (gpt-oss's learned
-/// attention sink: the probabilities then sum to less than 1).
+/// attention sink: the probabilities then sum to less than 1). The maximum and the sum run in
+/// [`LANES`] lanes, added at the end, and the exponentials are [`exp_nonpositive`]'s: a prompt's
+/// attention takes millions, which libm's `expf` (a call per value) spent most of its time on.
 pub fn softmax_beside_sink(x: &mut [f32], sink: Option<f32>) {
-    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let m = sink.map_or(m, |s| m.max(s));
-    x.iter_mut().for_each(|v| *v = (*v - m).exp());
-    let sum: f32 = x.iter().sum::<f32>() + sink.map_or(0.0, |s| (s - m).exp());
-    x.iter_mut().for_each(|v| {
-        *v /= sum;
-        if *v < PROB_FLUSH {
-            *v = 0.0;
+    moek_cpu::isa::vectorised(
+        #[inline(always)]
+        || {
+            let m = lanes(x, f32::NEG_INFINITY, f32::max, f32::max);
+            let m = sink.map_or(m, |s| m.max(s));
+            x.iter_mut().for_each(|v| *v = exp_nonpositive(*v - m));
+            let add = |a, b| a + b;
+            let sum = lanes(x, 0.0, add, add) + sink.map_or(0.0, |s| exp_nonpositive(s - m));
+            let inv = 1.0 / sum;
+            x.iter_mut().for_each(|v| {
+                let p = *v * inv;
+                *v = if p < PROB_FLUSH { 0.0 } else { p };
+            });
+        },
+    )
+}
+
+/// Lanes a softmax reduces in: one 512-bit vector of f32.
+const LANES: usize = 16;
+
+/// `x` folded by `step` in [`LANES`] independent lanes (element `i` into lane `i % LANES`), the
+/// lanes then folded by `combine`: a shape the compiler keeps in vectors.
+#[inline(always)]
+fn lanes(
+    x: &[f32],
+    init: f32,
+    step: impl Fn(f32, f32) -> f32,
+    combine: impl Fn(f32, f32) -> f32,
+) -> f32 {
+    let mut acc = [init; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a = step(*a, v);
         }
-    });
+    }
+    for (a, &v) in acc.iter_mut().zip(tail) {
+        *a = step(*a, v);
+    }
+    acc.into_iter().fold(init, combine)
+}
+
+/// `e^x` for `x <= 0` (a softmax's shifted logits) in f32 arithmetic the compiler vectorises:
+/// `x = n ln 2 + r` (`|r| <= ln 2 / 2`, `n ln 2` in two parts so `r` is exact), `e^r` by Cephes'
+/// `expf` polynomial, `2^n` written into the exponent bits. Within 2 ulps of the exact value
+/// (tested against f64); below -87, where `e^x` nears the smallest normal f32, it is `e^-87`
+/// (`1.6e-38`: [`PROB_FLUSH`] makes it 0, and no subnormal is ever made); NaN stays NaN.
+#[inline(always)]
+fn exp_nonpositive(x: f32) -> f32 {
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // 1.5 x 2^23: adding and taking it away rounds to a whole number (see `round_small` in
+    // moek-cpu's quantizer).
+    const ROUND: f32 = 12_582_912.0;
+    let x = x.clamp(-87.0, 0.0);
+    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 0.5;
+    let e = p * r * r + r + 1.0;
+    e * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
 
 #[cfg(test)]
@@ -449,7 +559,8 @@ mod tests {
                         })
                         .collect()
                 };
-                let got = attention(shape, &q, &qpos, &by_head(&k), &by_head(&v), &kpos, None);
+                let got =
+                    attention::<f32>(shape, &q, &qpos, &by_head(&k), &by_head(&v), &kpos, None);
                 let want = attention_f64(shape, &q, &qpos, &k, &v, &kpos);
                 for (g, w) in got.iter().zip(&want) {
                     assert!(
@@ -460,6 +571,83 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// In bf16 the prompt's path (bf16 GEMMs) and the one-row path (f32 products of the same
+    /// rounded values) differ by summation order only: each prompt row within 1e-5 of the row
+    /// computed alone. Against the f64 formula on the rounded keys, values and queries, the
+    /// probabilities' rounding (half a bf16 step, 2^-9 of each) bounds the error by
+    /// `2^-9 max|v|`.
+    #[test]
+    fn attention_in_bf16_is_one_function_on_both_paths() {
+        use half::bf16;
+        let cfg = crate::gemma4::tiny::config();
+        let round = |x: Vec<f32>| -> Vec<f32> {
+            let mut x = x;
+            round_to::<bf16>(&mut x);
+            x
+        };
+        let val = |i: usize, salt: usize| (((i * 37 + salt) % 29) as f32 - 14.0) / 7.3;
+        for layer in &cfg.layers[..2] {
+            let shape = Heads {
+                heads: cfg.num_attention_heads,
+                kv_heads: layer.num_key_value_heads,
+                head_dim: layer.head_dim,
+                window: (layer.attention == crate::gemma4::config::Attention::Sliding)
+                    .then_some(cfg.sliding_window),
+            };
+            let (d, kv, heads) = (shape.head_dim, shape.kv_heads, shape.heads);
+            let n = 9;
+            let pos: Vec<usize> = (0..n).collect();
+            let q = round((0..n * heads * d).map(|i| val(i, 1)).collect());
+            let k = round((0..n * kv * d).map(|i| val(i, 2)).collect());
+            let v = round((0..n * kv * d).map(|i| val(i, 3)).collect());
+            let vmax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let by_head = |x: &[f32], upto: usize| -> Vec<Vec<f32>> {
+                (0..kv)
+                    .map(|g| {
+                        (0..upto)
+                            .flat_map(|j| x[(j * kv + g) * d..][..d].to_vec())
+                            .collect()
+                    })
+                    .collect()
+            };
+            let (kh, vh) = (by_head(&k, n), by_head(&v, n));
+            let prompt = attention::<bf16>(shape, &q, &pos, &kh, &vh, &pos, None);
+            let want = attention_f64(shape, &q, &pos, &k, &v, &pos);
+            for (i, row) in prompt.chunks(heads * d).enumerate() {
+                let (kh, vh) = (by_head(&k, i + 1), by_head(&v, i + 1));
+                let qi = &q[i * heads * d..][..heads * d];
+                let alone = attention::<bf16>(shape, qi, &pos[i..=i], &kh, &vh, &pos[..=i], None);
+                for ((a, b), w) in row.iter().zip(&alone).zip(&want[i * heads * d..]) {
+                    assert!((a - b).abs() <= 1e-5, "row {i}: {a} prompt, {b} alone");
+                    let bound = f64::from(vmax) / 512.0 + 1e-5;
+                    assert!((f64::from(*a) - w).abs() <= bound, "row {i}: {a} vs {w}");
+                }
+            }
+        }
+    }
+
+    /// Every f32 step of [-87, 0] a few thousand apart, and the ends: within 2 ulps of f64's
+    /// `exp`, rounded; below -87 the stated `e^-87`; NaN in, NaN out.
+    #[test]
+    fn exp_nonpositive_is_within_two_ulps() {
+        let ulps = |x: f32| {
+            let (got, want) = (exp_nonpositive(x), f64::from(x).exp() as f32);
+            (got.to_bits() as i64 - want.to_bits() as i64).abs()
+        };
+        // Negative f32s ascend in magnitude with their bits, from -0.
+        let (lo, hi) = ((-87f32).to_bits(), (-0f32).to_bits());
+        let worst = (hi..=lo)
+            .step_by(4099)
+            .chain([lo, hi, (-1e-30f32).to_bits()])
+            .map(|b| ulps(f32::from_bits(b)))
+            .max()
+            .unwrap();
+        assert!(worst <= 2, "{worst} ulps");
+        assert_eq!(exp_nonpositive(-1000.0), exp_nonpositive(-87.0));
+        assert_eq!(exp_nonpositive(f32::NEG_INFINITY), exp_nonpositive(-87.0));
+        assert!(exp_nonpositive(f32::NAN).is_nan());
     }
 
     #[test]

@@ -157,14 +157,14 @@ impl<W: Element> Model<'_, W> {
         let mut k = k_raw;
         rms_norm(&mut k, d, Some(&lw.self_attn.k_norm), cfg.rms_norm_eps);
         ops::rope(&mut k, d, positions, &inv);
-        cache.append(&k, &v, positions, kv, d);
+        cache.append::<W>(&k, &v, positions, kv, d);
         let shape = ops::Heads {
             heads: nh,
             kv_heads: kv,
             head_dim: d,
             window: (layer.attention == Attention::Sliding).then_some(cfg.sliding_window),
         };
-        let o = ops::attention(shape, &q, positions, &cache.k, &cache.v, &cache.pos, None);
+        let o = ops::attention::<W>(shape, &q, positions, &cache.k, &cache.v, &cache.pos, None);
         if layer.attention == Attention::Sliding {
             // Keep the last window - 1 positions: all a later query can see besides itself.
             cache.keep_last(cfg.sliding_window.saturating_sub(1), d);

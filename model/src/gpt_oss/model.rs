@@ -210,7 +210,7 @@ impl<W: Element> Model<'_, W> {
         let scale = factor * (d as f32).powf(-0.5);
         q.iter_mut().for_each(|x| *x *= scale);
         k.iter_mut().for_each(|x| *x *= factor);
-        cache.append(&k, &v, positions, kv, d);
+        cache.append::<W>(&k, &v, positions, kv, d);
         let heads = ops::Heads {
             heads: nh,
             kv_heads: kv,
@@ -218,7 +218,7 @@ impl<W: Element> Model<'_, W> {
             window: (cfg.layers[i] == LayerType::Sliding).then_some(cfg.sliding_window),
         };
         let sinks = Some(&a.sinks[..]);
-        let o = ops::attention(heads, &q, positions, &cache.k, &cache.v, &cache.pos, sinks);
+        let o = ops::attention::<W>(heads, &q, positions, &cache.k, &cache.v, &cache.pos, sinks);
         linear(&o, s, &a.o_proj, hd, nh * d)
     }
 }

@@ -230,14 +230,14 @@ impl<W: Element> Model<'_, W> {
         q.iter_mut().for_each(|x| *x *= scale);
         rms_norm(&mut k, d, Some(&a.k_norm), cfg.rms_norm_eps);
         ops::rope(&mut k, d, positions, &inv);
-        cache.append(&k, &v, positions, kv, d);
+        cache.append::<W>(&k, &v, positions, kv, d);
         let heads = ops::Heads {
             heads: nh,
             kv_heads: kv,
             head_dim: d,
             window: None,
         };
-        let o = ops::attention(heads, &q, positions, &cache.k, &cache.v, &cache.pos, None);
+        let o = ops::attention::<W>(heads, &q, positions, &cache.k, &cache.v, &cache.pos, None);
         linear(&o, s, &a.o_proj, hd, nh * d)
     }
 }
