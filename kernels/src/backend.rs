@@ -191,6 +191,11 @@ impl Runtime for Cpu {
             None => tolerance(dtype),
             #[cfg(feature = "cpu")]
             Some(format) => match gemm_rounding(format) {
+                // The gated activation between the two products (`moek_cpu::Weight::Gated`):
+                // the activation's type beside MXFP4, f32 beside the others.
+                GemmRounding::Nothing if format == moek_ir::BlockFormat::Mxfp4 => {
+                    tolerance(dtype.activation())
+                }
                 GemmRounding::Nothing => tolerance(DType::F32),
                 GemmRounding::Bf16 => tolerance(DType::Bf16),
                 GemmRounding::Activation8 => tolerance(dtype),

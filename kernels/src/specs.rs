@@ -406,7 +406,7 @@ kernel! {
     /// three 960-term blocks (30 MXFP4 blocks each), down in 1024/1024/832 columns.
     pub gpt_oss_decode_expert_ffn = expert_ffn {
         dims:            T = 1, R = 4, E = 32, H = 2880, F = 2880;
-        dtypes:          mxfp4, bf16;
+        dtypes:          mxfp4, mxfp4_bf16, bf16;
         targets:         cpu, wgpu;
         activation:      swiglu_clamped(limit = 7.0, alpha = 1.702);
         bias:            gate_up, down;

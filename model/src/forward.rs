@@ -428,13 +428,13 @@ pub(crate) fn run_traced<W: Element>(
 
 /// [`run_traced`] for weights in quantized blocks of `Q` (beside f32 activations).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn run_traced_quantized<Q: Element>(
+pub(crate) fn run_traced_quantized<Q: Element, A: Element>(
     kernels: &Kernels,
     layer: usize,
     what: &'static str,
     activation: Activation,
     shape: &Shape,
-    inputs: &Inputs<'_, Q, f32>,
+    inputs: &Inputs<'_, Q, A>,
     out: &mut [f32],
     requested: Option<&str>,
     trace: &mut Vec<Trace>,
@@ -454,8 +454,8 @@ pub(crate) fn run_traced_quantized<Q: Element>(
 }
 
 /// Routed experts over banks stored plain or quantized (one format for both), with the
-/// experts' biases if they have them: `x` (`[T, H]`, f32) rounded to `W` beside plain banks, as
-/// it is beside blocks. Every family's MoE block runs its experts through this.
+/// experts' biases if they have them: `x` (`[T, H]`, f32) rounded to `W` beside plain banks and
+/// beside MXFP4 in a bf16 model, as it is beside the other blocks. Every family's MoE block runs its experts through this.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn routed_experts<W: Element>(
     kernels: &Kernels,
@@ -490,6 +490,13 @@ pub(crate) fn routed_experts<W: Element>(
         }
         (Stored::Q4_0(gate_up), Stored::Q4_0(down)) => {
             let inputs = inputs(x, routes, gate_up, down, biases);
+            run_traced_quantized(b, l, what, a, shape, &inputs, out, requested, trace)
+        }
+        // A bf16 model's experts take its activation in bf16, as its plain banks do (and as
+        // its framework computes it): beside MXFP4 that is exact on the bf16 tiles.
+        (Stored::Mxfp4(gate_up), Stored::Mxfp4(down)) if W::KIND == half::bf16::KIND => {
+            let xe = to_w::<half::bf16>(x);
+            let inputs = inputs(&xe, routes, gate_up, down, biases);
             run_traced_quantized(b, l, what, a, shape, &inputs, out, requested, trace)
         }
         (Stored::Mxfp4(gate_up), Stored::Mxfp4(down)) => {

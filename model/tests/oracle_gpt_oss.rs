@@ -225,3 +225,56 @@ fn quantized_at_load_mxfp4_computes_on_the_blocks_exact_values() {
     );
     assert!(moved > 1e-3, "the banks were quantized ({moved:.3e})");
 }
+
+/// In a bf16 model, MXFP4 experts take the activation in bf16 and keep the gated activation in
+/// bf16 between their two products, as its bf16 experts do (which is what lets both products
+/// run on the bf16 tiles exactly): `--quantize-experts-only mxfp4` on the bf16 checkpoint
+/// against the same model with the banks replaced by their dequantized bf16 copies (exact: an
+/// MXFP4 value is a bf16 value), summation order apart. Both keep the same LM head.
+#[test]
+fn in_a_bf16_model_mxfp4_experts_compute_what_bf16_experts_of_their_values_do() {
+    use half::bf16;
+    use moek_model::quantized::Scope;
+    let (dir, e) = fixture("tiny-gpt-oss-bf16");
+    let cfg = Config::load(&dir).unwrap();
+    let ck = Checkpoint::open(&dir).unwrap();
+    let quant = Some(Quantize {
+        format: moek_kernels::ir::BlockFormat::Mxfp4,
+        scope: Scope::Experts,
+    });
+    let load = || weights::load_quantized::<bf16>(&ck, &cfg, Residence::Mapped, quant, |_| {});
+    let (mut blocks, mut exact) = (load().unwrap(), load().unwrap());
+    let dequantized = |m: &Stored<'_, bf16>| match m {
+        Stored::Mxfp4(b) => {
+            let values: Vec<bf16> = dequantize(b).into_iter().map(bf16::from_f32).collect();
+            Stored::Plain(values.into())
+        }
+        other => panic!("asked for MXFP4, got {}", other.dtype()),
+    };
+    blocks.lm_head = dequantized(&blocks.lm_head);
+    exact.lm_head = dequantized(&exact.lm_head);
+    for l in &mut exact.layers {
+        let ex = &mut l.mlp.experts;
+        (ex.gate_up_proj, ex.down_proj) =
+            (dequantized(&ex.gate_up_proj), dequantized(&ex.down_proj));
+    }
+    let tokens = ids(&e["tokens"]);
+    let run = |w| {
+        let mut trace = vec![];
+        let m = Model::new(cfg.clone(), w, Backend::cpu());
+        let logits = m
+            .forward(&tokens, &mut Cache::default(), Head::All, &mut trace)
+            .unwrap();
+        (logits, trace)
+    };
+    let ((got, trace), (want, _)) = (run(blocks), run(exact));
+    assert!(
+        trace
+            .iter()
+            .any(|t| t.what == "moe" && t.choice.kernel.contains("quantized")),
+        "{trace:#?}"
+    );
+    let dev = rel_l2(&got, &want);
+    eprintln!("bf16 model, MXFP4 experts: rel L2 {dev:.3e} to bf16 experts of their values");
+    assert!(dev <= 1e-4, "rel L2 {dev:.3e}");
+}

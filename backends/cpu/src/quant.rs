@@ -315,10 +315,12 @@ thread_local! {
 /// MXFP4 blocks against the activation in f32, not quantized: the weights' exact values times
 /// the activation's, in f32 sums ([`rows_mxfp4`]). A format shipped with a model is held to the
 /// model's own numbers (its logits within f32 rounding of the dequantized weights'), and
-/// decode, which it serves, is bound by the weights' bytes either way.
+/// decode, which it serves, is bound by the weights' bytes either way. A GEMM keeps the gated
+/// activation in the activation's own type, as a plain GEMM does: beside bf16 activations both
+/// products then run on the bf16 tiles exactly (an MXFP4 value is exact in bf16).
 impl Weight for BlockMxfp4 {
     type Row<'a, A: Element> = Vec<f32>;
-    type Gated<A: Element> = f32;
+    type Gated<A: Element> = A;
 
     fn row<A: Element>(x: &[A]) -> Vec<f32> {
         x.iter().map(|v| v.to_f32()).collect()
