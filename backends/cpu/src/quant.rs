@@ -104,8 +104,9 @@ pub trait Weight: Element {
     fn row<A: Element>(x: &[A]) -> Self::Row<'_, A>;
 
     /// What a GEMM skeleton keeps the gated activation in between its two products, beside
-    /// activations in `A`: `A` itself for plain weights (their GEMM multiplies one type), f32
-    /// for blocks (their GEMM widens its operand to f32 anyway: nothing is rounded).
+    /// activations in `A`: `A` itself for plain weights (their GEMM multiplies one type) and for
+    /// MXFP4 (exact in bf16: beside bf16 both products run on the bf16 tiles), f32 for Q8_0 and
+    /// Q4_0 (their GEMM widens or quantizes its operand anyway).
     type Gated<A: Element>: Element;
 
     /// `out[j - rows.start] = sum over segs (in order) of x[seg] . mat[j*ld + seg]` for `j` in

@@ -6,7 +6,8 @@
 //! across units is completed by adding the units' partials in part order; route owners write one
 //! slot each and the K-axis combine adds routes in route order. Sums therefore never depend on the
 //! thread count. Arithmetic is f32; GEMM paths store the gate/up activation in
-//! [`crate::Weight::Gated`] (the weight dtype for plain weights, f32 beside blocks).
+//! [`crate::Weight::Gated`] (the activation's type for plain weights and MXFP4, f32 beside Q8_0
+//! and Q4_0).
 //!
 //! A generated CPU variant is its spec's tables as a constant and a call into these functions
 //! (moek-kernels binds the op's inputs to them); a schedule given at run time ([`Tables::of`]
