@@ -317,7 +317,8 @@ pub fn attention<W: Element>(
             // suffix; every sum runs in the same order with or without them (they add exact
             // zeros at the end), so the result is the same bit for bit.
             let nv = kpos.partition_point(|&kp| kp <= qpos[q0 + qs - 1]);
-            let mut sc = vec![0f32; rows * nv];
+            // The thread's scratch: the next task reuses these pages.
+            let mut sc = moek_cpu::Scratch::<f32>::zeroed(rows * nv);
             match &gemm {
                 Some(ops) => {
                     let qw = to_w::<W>(&qg);
@@ -328,22 +329,25 @@ pub fn attention<W: Element>(
                     moek_cpu::gemm_nt(&qg, d, &k[g], d, &mut sc, nv, rows, nv, d);
                 }
             }
-            for (r, row) in sc.chunks_mut(nv).enumerate() {
-                let (first, end) = seen(qpos[q0 + r / group]);
-                row[..first].fill(0.0);
-                row[end..].fill(0.0);
-                softmax_beside_sink(
-                    &mut row[first..end],
-                    sinks.map(|s| s[g * group + r % group]),
-                );
-            }
+            let sink = |r: usize| sinks.map(|s| s[g * group + r % group]);
             let mut o = vec![0f32; rows * d];
             match &gemm {
                 Some(ops) => {
-                    let pw = to_w::<W>(&sc);
+                    // The probabilities straight into `W`, the GEMM's operand.
+                    let mut pw = moek_cpu::Scratch::<W>::zeroed(rows * nv);
+                    for (r, (row, p)) in sc.chunks_mut(nv).zip(pw.chunks_mut(nv)).enumerate() {
+                        let (first, end) = seen(qpos[q0 + r / group]);
+                        softmax_into(&mut row[first..end], sink(r), &mut p[first..end]);
+                    }
                     moek_cpu::gemm_nt(&pw, nv, &ops[g].1, n, &mut o, d, rows, d, nv);
                 }
                 None => {
+                    for (r, row) in sc.chunks_mut(nv).enumerate() {
+                        let (first, end) = seen(qpos[q0 + r / group]);
+                        row[..first].fill(0.0);
+                        row[end..].fill(0.0);
+                        softmax_beside_sink(&mut row[first..end], sink(r));
+                    }
                     round_to::<W>(&mut sc);
                     for (j, vj) in v[g].chunks(d).take(nv).enumerate() {
                         for (orow, probs) in o.chunks_mut(d).zip(sc.chunks(nv)) {
@@ -421,18 +425,48 @@ pub fn softmax_beside_sink(x: &mut [f32], sink: Option<f32>) {
     moek_cpu::isa::vectorised(
         #[inline(always)]
         || {
-            let m = lanes(x, f32::NEG_INFINITY, f32::max, f32::max);
-            let m = sink.map_or(m, |s| m.max(s));
-            x.iter_mut().for_each(|v| *v = exp_nonpositive(*v - m));
-            let add = |a, b| a + b;
-            let sum = lanes(x, 0.0, add, add) + sink.map_or(0.0, |s| exp_nonpositive(s - m));
-            let inv = 1.0 / sum;
-            x.iter_mut().for_each(|v| {
-                let p = *v * inv;
-                *v = if p < PROB_FLUSH { 0.0 } else { p };
-            });
+            let inv = exponentials(x, sink);
+            x.iter_mut().for_each(|v| *v = probability(*v, inv));
         },
     )
+}
+
+/// [`softmax_beside_sink`] of `x` written to `p` in `W` (a GEMM's operand), in the same pass
+/// that scales them; `x` is left holding the exponentials.
+fn softmax_into<W: Element>(x: &mut [f32], sink: Option<f32>, p: &mut [W]) {
+    moek_cpu::isa::vectorised(
+        #[inline(always)]
+        || {
+            let inv = exponentials(x, sink);
+            for (p, &e) in p.iter_mut().zip(x.iter()) {
+                *p = W::from_f32(probability(e, inv));
+            }
+        },
+    )
+}
+
+/// `x` replaced by `e^(x - m)` (`m` the largest of `x` and `sink`), summed in the same pass;
+/// returns one over that sum (the sink's term included).
+#[inline(always)]
+fn exponentials(x: &mut [f32], sink: Option<f32>) -> f32 {
+    let m = lanes(x, f32::NEG_INFINITY, f32::max, f32::max);
+    let m = sink.map_or(m, |s| m.max(s));
+    let mut acc = [0f32; LANES];
+    for c in x.chunks_mut(LANES) {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *v = exp_nonpositive(*v - m);
+            *a += *v;
+        }
+    }
+    let sum = acc.into_iter().fold(0.0, |a, b| a + b);
+    1.0 / (sum + sink.map_or(0.0, |s| exp_nonpositive(s - m)))
+}
+
+/// An exponential times one over the sum, flushed to 0 below [`PROB_FLUSH`].
+#[inline(always)]
+fn probability(e: f32, inv: f32) -> f32 {
+    let p = e * inv;
+    if p < PROB_FLUSH { 0.0 } else { p }
 }
 
 /// Lanes a softmax reduces in: one 512-bit vector of f32.
@@ -474,14 +508,18 @@ fn exp_nonpositive(x: f32) -> f32 {
     // moek-cpu's quantizer).
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 0.0);
-    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let t = x * std::f32::consts::LOG2_E + ROUND;
+    let n = t - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 1.666_666_5e-1)
         * r
         + 0.5;
     let e = p * r * r + r + 1.0;
-    e * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // `n` as an integer is `t`'s low bits less `ROUND`'s (a float-to-int conversion would not
+    // vectorise: Rust's saturates), biased and shifted into the exponent.
+    let biased = t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127);
+    e * f32::from_bits(biased << 23)
 }
 
 #[cfg(test)]
