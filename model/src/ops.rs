@@ -565,6 +565,32 @@ mod tests {
         out
     }
 
+    /// What attention needs of one of the tiny Gemma-4's layers.
+    fn tiny_heads(
+        cfg: &crate::gemma4::config::Config,
+        layer: &crate::gemma4::config::Layer,
+    ) -> Heads {
+        Heads {
+            heads: cfg.num_attention_heads,
+            kv_heads: layer.num_key_value_heads,
+            head_dim: layer.head_dim,
+            window: (layer.attention == crate::gemma4::config::Attention::Sliding)
+                .then_some(cfg.sliding_window),
+        }
+    }
+
+    /// The first `n` positions of `x` (`[positions, kv, d]`) by KV head, as the cache holds them.
+    fn by_head(x: &[f32], shape: Heads, n: usize) -> Vec<Vec<f32>> {
+        let (kv, d) = (shape.kv_heads, shape.head_dim);
+        (0..kv)
+            .map(|g| {
+                (0..n)
+                    .flat_map(|j| x[(j * kv + g) * d..][..d].to_vec())
+                    .collect()
+            })
+            .collect()
+    }
+
     /// Both layer kinds of the tiny model (sliding with a 4-key window and two KV heads; full with
     /// one), prefill-sized blocks (the transposed-value GEMM) and single rows (decode), after a
     /// cache of earlier positions: every output within 1e-5 of the f64 formula, none NaN.
@@ -573,13 +599,7 @@ mod tests {
         let cfg = crate::gemma4::tiny::config();
         let val = |i: usize, salt: usize| (((i * 31 + salt) % 23) as f32 - 11.0) / 9.0;
         for layer in &cfg.layers[..2] {
-            let shape = Heads {
-                heads: cfg.num_attention_heads,
-                kv_heads: layer.num_key_value_heads,
-                head_dim: layer.head_dim,
-                window: (layer.attention == crate::gemma4::config::Attention::Sliding)
-                    .then_some(cfg.sliding_window),
-            };
+            let shape = tiny_heads(&cfg, layer);
             let (d, kv, heads) = (shape.head_dim, shape.kv_heads, shape.heads);
             for (cached, s) in [(0, 7), (5, 6), (9, 1), (0, 1)] {
                 let n = cached + s;
@@ -588,17 +608,8 @@ mod tests {
                 let q: Vec<f32> = (0..s * heads * d).map(|i| val(i, 1)).collect();
                 let k: Vec<f32> = (0..n * kv * d).map(|i| val(i, 2)).collect();
                 let v: Vec<f32> = (0..n * kv * d).map(|i| val(i, 3)).collect();
-                let by_head = |x: &[f32]| -> Vec<Vec<f32>> {
-                    (0..kv)
-                        .map(|g| {
-                            (0..n)
-                                .flat_map(|j| x[(j * kv + g) * d..][..d].to_vec())
-                                .collect()
-                        })
-                        .collect()
-                };
-                let got =
-                    attention::<f32>(shape, &q, &qpos, &by_head(&k), &by_head(&v), &kpos, None);
+                let (kh, vh) = (by_head(&k, shape, n), by_head(&v, shape, n));
+                let got = attention::<f32>(shape, &q, &qpos, &kh, &vh, &kpos, None);
                 let want = attention_f64(shape, &q, &qpos, &k, &v, &kpos);
                 for (g, w) in got.iter().zip(&want) {
                     assert!(
@@ -627,13 +638,7 @@ mod tests {
         };
         let val = |i: usize, salt: usize| (((i * 37 + salt) % 29) as f32 - 14.0) / 7.3;
         for layer in &cfg.layers[..2] {
-            let shape = Heads {
-                heads: cfg.num_attention_heads,
-                kv_heads: layer.num_key_value_heads,
-                head_dim: layer.head_dim,
-                window: (layer.attention == crate::gemma4::config::Attention::Sliding)
-                    .then_some(cfg.sliding_window),
-            };
+            let shape = tiny_heads(&cfg, layer);
             let (d, kv, heads) = (shape.head_dim, shape.kv_heads, shape.heads);
             let n = 9;
             let pos: Vec<usize> = (0..n).collect();
@@ -641,20 +646,11 @@ mod tests {
             let k = round((0..n * kv * d).map(|i| val(i, 2)).collect());
             let v = round((0..n * kv * d).map(|i| val(i, 3)).collect());
             let vmax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
-            let by_head = |x: &[f32], upto: usize| -> Vec<Vec<f32>> {
-                (0..kv)
-                    .map(|g| {
-                        (0..upto)
-                            .flat_map(|j| x[(j * kv + g) * d..][..d].to_vec())
-                            .collect()
-                    })
-                    .collect()
-            };
-            let (kh, vh) = (by_head(&k, n), by_head(&v, n));
+            let (kh, vh) = (by_head(&k, shape, n), by_head(&v, shape, n));
             let prompt = attention::<bf16>(shape, &q, &pos, &kh, &vh, &pos, None);
             let want = attention_f64(shape, &q, &pos, &k, &v, &pos);
             for (i, row) in prompt.chunks(heads * d).enumerate() {
-                let (kh, vh) = (by_head(&k, i + 1), by_head(&v, i + 1));
+                let (kh, vh) = (by_head(&k, shape, i + 1), by_head(&v, shape, i + 1));
                 let qi = &q[i * heads * d..][..heads * d];
                 let alone = attention::<bf16>(shape, qi, &pos[i..=i], &kh, &vh, &pos[..=i], None);
                 for ((a, b), w) in row.iter().zip(&alone).zip(&want[i * heads * d..]) {

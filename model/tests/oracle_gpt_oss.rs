@@ -175,6 +175,32 @@ fn on_spyre_the_experts_fall_back_to_the_cpu_visibly_and_still_match() {
     }
 }
 
+/// Every row's logits of `tokens` on the CPU with the quantized weights `blocks`, asserting
+/// their MoE ran a quantized variant, and with `values` (the same weights dequantized).
+fn blocks_against_values<W: Element>(
+    cfg: &Config,
+    tokens: &[u32],
+    blocks: weights::Weights<'_, W>,
+    values: weights::Weights<'_, W>,
+) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    let run = |w| {
+        let mut trace = vec![];
+        let m = Model::new(cfg.clone(), w, Backend::cpu());
+        let logits = m
+            .forward(tokens, &mut Cache::default(), Head::All, &mut trace)
+            .unwrap();
+        (logits, trace)
+    };
+    let ((got, trace), (want, _)) = (run(blocks), run(values));
+    assert!(
+        trace
+            .iter()
+            .any(|t| t.what == "moe" && t.choice.kernel.contains("quantized")),
+        "{trace:#?}"
+    );
+    (got, want)
+}
+
 /// `--quantize mxfp4` on the f32 checkpoint (its banks transposed, de-interleaved, then put in
 /// blocks at load, attention's projections and the LM head) computes the model on those blocks' exact values: against the
 /// same model with every quantized matrix replaced by its dequantized f32 copy, f32 sums apart;
@@ -202,20 +228,7 @@ fn quantized_at_load_mxfp4_computes_on_the_blocks_exact_values() {
         }
     }
     let tokens = ids(&e["tokens"]);
-    let run = |w| {
-        let mut trace = vec![];
-        let m = Model::new(cfg.clone(), w, Backend::cpu());
-        let logits = m
-            .forward(&tokens, &mut Cache::default(), Head::All, &mut trace)
-            .unwrap();
-        (logits, trace)
-    };
-    let ((got, trace), (want, _)) = (run(blocks), run(exact));
-    assert!(
-        trace
-            .iter()
-            .any(|t| t.what == "moe" && t.choice.kernel.contains("quantized"))
-    );
+    let (got, want) = blocks_against_values(&cfg, &tokens, blocks, exact);
     let dev = rel_l2(&got, &want);
     let moved = rel_l2(&got, &rows(&e["logits"]));
     eprintln!("--quantize mxfp4: rel L2 {dev:.3e} to its exact values, {moved:.3e} to f32");
@@ -259,21 +272,7 @@ fn in_a_bf16_model_mxfp4_experts_compute_what_bf16_experts_of_their_values_do() 
             (dequantized(&ex.gate_up_proj), dequantized(&ex.down_proj));
     }
     let tokens = ids(&e["tokens"]);
-    let run = |w| {
-        let mut trace = vec![];
-        let m = Model::new(cfg.clone(), w, Backend::cpu());
-        let logits = m
-            .forward(&tokens, &mut Cache::default(), Head::All, &mut trace)
-            .unwrap();
-        (logits, trace)
-    };
-    let ((got, trace), (want, _)) = (run(blocks), run(exact));
-    assert!(
-        trace
-            .iter()
-            .any(|t| t.what == "moe" && t.choice.kernel.contains("quantized")),
-        "{trace:#?}"
-    );
+    let (got, want) = blocks_against_values(&cfg, &tokens, blocks, exact);
     let dev = rel_l2(&got, &want);
     eprintln!("bf16 model, MXFP4 experts: rel L2 {dev:.3e} to bf16 experts of their values");
     assert!(dev <= 1e-4, "rel L2 {dev:.3e}");
