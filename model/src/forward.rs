@@ -455,7 +455,8 @@ pub(crate) fn run_traced_quantized<Q: Element, A: Element>(
 
 /// Routed experts over banks stored plain or quantized (one format for both), with the
 /// experts' biases if they have them: `x` (`[T, H]`, f32) rounded to `W` beside plain banks and
-/// beside MXFP4 in a bf16 model, as it is beside the other blocks. Every family's MoE block runs its experts through this.
+/// beside MXFP4 in a bf16 model, as it is beside the other blocks. Every family's MoE block runs
+/// its experts through this.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn routed_experts<W: Element>(
     kernels: &Kernels,
