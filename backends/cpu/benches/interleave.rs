@@ -29,6 +29,8 @@ const BLOCKS: usize = H / 32;
 const _: () = assert!(BLOCKS.is_multiple_of(4));
 /// One row's bytes, in every layout.
 const ROW_BYTES: usize = BLOCKS * size_of::<BlockQ4_0>();
+/// Every kernel prefetches as far ahead as the row kernel does.
+const AHEAD: usize = moek_cpu::dot::BLOCKS_AHEAD;
 /// Rows a tile interleaves: one per 32-bit lane of a 512-bit vector.
 const LANES: usize = 16;
 
@@ -105,10 +107,11 @@ fn tile_rows(tiles: &[Tile], x: &TileActivation, out: &mut [f32]) {
         let mut acc = [_mm512_setzero_ps(); 4];
         let blocks = group.iter().zip(&x.words).zip(&x.offsets).zip(&x.scales);
         for (b, (((t, words), &offset), &xd)) in blocks.enumerate() {
+            let at = (t as *const Tile).cast::<u8>();
+            moek_cpu::memory::prefetch_span(at.wrapping_add(AHEAD), size_of::<Tile>());
             let (mut low, mut high) = (_mm512_setzero_si512(), _mm512_setzero_si512());
             for k in 0..4 {
                 let q = t.qs[64 * k..].as_ptr();
-                moek_cpu::memory::prefetch(q.wrapping_add(moek_cpu::dot::PREFETCH_AHEAD));
                 // SAFETY: 64 bytes from `64k` are in `qs`.
                 let w = unsafe { _mm512_loadu_si512(q.cast()) };
                 // The high nibbles stay in place (16 times their value), shifted back once.
@@ -157,7 +160,7 @@ fn split_kernel(mat: &[u8], x: &QuantizedActivation, out: &mut [f32]) {
         // SAFETY: 64 bytes.
         unsafe { _mm512_loadu_si512(at.as_ptr().cast()) }
     });
-    let ahead = moek_cpu::dot::PREFETCH_AHEAD;
+    let ahead = AHEAD;
     for (row, o) in mat.chunks_exact(ROW_BYTES).zip(out.iter_mut()) {
         let (d, qs) = (row.as_ptr(), row[BLOCKS * 2..].as_ptr());
         let mut acc = [_mm512_setzero_ps(); 4];

@@ -377,7 +377,7 @@ pub fn rows_mxfp4(
                 let row = &mat[j * ldb..j * ldb + kb];
                 // SAFETY: the level is checked; the kernel asserts the lengths.
                 *o = unsafe {
-                    crate::dot::avx512::dot_mxfp4(row, lanes, &groups, crate::dot::PREFETCH_AHEAD)
+                    crate::dot::avx512::dot_mxfp4(row, lanes, &groups, crate::dot::BLOCKS_AHEAD)
                 };
             }
         });
@@ -388,7 +388,7 @@ pub fn rows_mxfp4(
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => {
                 // SAFETY: as above.
-                unsafe { crate::avx2::dot_mxfp4(row, x, &groups, crate::dot::PREFETCH_AHEAD) }
+                unsafe { crate::avx2::dot_mxfp4(row, x, &groups, crate::dot::BLOCKS_AHEAD) }
             }
             _ => groups.iter().fold(0f32, |sum, &(s, e)| {
                 sum + row[s..e]
@@ -722,7 +722,7 @@ pub fn rows_q<Q: Element>(
     let k = x.values.len();
     let (ldb, kb, groups) = block_rows::<Q>(k, mat.len(), ld, &rows, segs, out);
     let level = isa();
-    let ahead = crate::dot::PREFETCH_AHEAD;
+    let ahead = crate::dot::BLOCKS_AHEAD;
     for (o, j) in out.iter_mut().zip(rows) {
         let row = &mat[j * ldb..j * ldb + kb];
         *o = match level {

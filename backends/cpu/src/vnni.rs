@@ -91,7 +91,10 @@ pub(crate) unsafe fn dot_q8<const G: usize>(
         // SAFETY: `b + 1 < n`: both groups' bytes are in the slices (asserted); ours.
         unsafe {
             let (wa, wb) = (group(b).0, group(b + 1).0);
-            crate::memory::prefetch(wa.cast::<u8>().wrapping_add(ahead));
+            crate::memory::prefetch_span(
+                wa.cast::<u8>().wrapping_add(ahead),
+                2 * size_of::<BlockQ8<G>>() / G,
+            );
             // Two groups of one block are one load.
             let w = if G >= 2 {
                 _mm512_loadu_si512(wa.cast())
@@ -177,7 +180,10 @@ pub(crate) unsafe fn dot_q4<const G: usize>(
         // SAFETY: `b + 3 < n`: the four groups' lanes are in the slices (asserted); ours.
         unsafe {
             let q = |i: usize| _mm_loadu_si128(group(b + i).0.cast());
-            crate::memory::prefetch(group(b).0.cast::<u8>().wrapping_add(ahead));
+            crate::memory::prefetch_span(
+                group(b).0.cast::<u8>().wrapping_add(ahead),
+                4 * size_of::<BlockQ4<G>>() / G,
+            );
             // Four groups of one block are one load.
             let w = if G >= 4 {
                 _mm512_loadu_si512(group(b).0.cast())
