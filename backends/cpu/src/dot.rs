@@ -31,9 +31,9 @@ pub const PREFETCH_AHEAD: usize = 16 << 10;
 
 /// How far ahead the row products of quantized blocks prefetch, in bytes: each step prefetches
 /// every line of its span ([`crate::memory::prefetch_span`]), and with every line covered a
-/// shorter distance streams better (Q4_0 rows on an Intel Xeon: 2-8 KiB all alike, 16 KiB 5%
-/// slower, 32 KiB 13%; docs/performance.md).
-pub const BLOCKS_AHEAD: usize = 4 << 10;
+/// shorter distance streams better (Q4_0 rows of the LM head on an Intel Xeon: 2 KiB 70-77% of
+/// the probe, 1 KiB 72-73%, 4 KiB 54-72%, 16 KiB less again; docs/performance.md).
+pub const BLOCKS_AHEAD: usize = 2 << 10;
 
 /// For each row `j` of `rows`, `store(j, sum over segs (in order) of x[seg] . mat[j*ld + seg])`.
 ///
