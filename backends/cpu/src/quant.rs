@@ -667,11 +667,10 @@ fn on_dot_tile() -> bool {
 /// this one is dequantized).
 #[inline(always)]
 pub(crate) fn prefetch_blocks<Q: Element>(b: &[Q], ahead: usize, count: usize) {
-    let bytes = count * std::mem::size_of::<Q>();
-    let from = b[ahead / Q::VALUES..].as_ptr().cast::<u8>();
-    for line in (0..bytes).step_by(64) {
-        crate::memory::prefetch(from.wrapping_add(line));
-    }
+    crate::memory::prefetch_span(
+        b[ahead / Q::VALUES..].as_ptr(),
+        count * std::mem::size_of::<Q>(),
+    );
 }
 
 /// Checks a product of rows in blocks of `Q` (`mat`, `blocks` of them, `ld` values a row)
