@@ -179,24 +179,21 @@ impl Runtime for Cpu {
 
     /// The dtype's, except for quantized weights multiplied as GEMM operands (tokens grouped
     /// by expert), by what this process's GEMM over blocks rounds: where it dequantizes them
-    /// exactly beside an activation that is never rounded, f32 accumulation is all that
-    /// remains, held to f32's limits as on wgpu; where it rounds both operands to bf16 (AMX or
+    /// exactly beside an activation that is never rounded, the limits of the type the gated
+    /// activation is kept in (f32 beside Q8_0 and Q4_0, accumulation only, as on wgpu; the
+    /// activation's own beside MXFP4); where it rounds both operands to bf16 (AMX or
     /// the `vdpbf16ps` tile), to bf16's limits, the rounding the plain bf16 variants carry;
     /// where it multiplies in integers, the dtype's own, as the row products.
     fn tolerance(&self, kernel: &Kernel, dtype: DType) -> Tolerance {
         #[cfg(feature = "cpu")]
-        use moek_cpu::quant::{GemmRounding, gemm_rounding};
+        use moek_cpu::quant::{GemmRounding, gated_dtype, gemm_rounding};
         let gemm = !moek_ir::cpu::Skeleton::of(kernel).reads_weights_apart();
         match dtype.blocks().filter(|_| gemm) {
             None => tolerance(dtype),
             #[cfg(feature = "cpu")]
             Some(format) => match gemm_rounding(format) {
-                // The gated activation between the two products (`moek_cpu::Weight::Gated`):
-                // the activation's type beside MXFP4, f32 beside the others.
-                GemmRounding::Nothing if format == moek_ir::BlockFormat::Mxfp4 => {
-                    tolerance(dtype.activation())
-                }
-                GemmRounding::Nothing => tolerance(DType::F32),
+                // The gated activation between the two products (`moek_cpu::Weight::Gated`).
+                GemmRounding::Nothing => tolerance(gated_dtype(format, dtype.activation())),
                 GemmRounding::Bf16 => tolerance(DType::Bf16),
                 GemmRounding::Activation8 => tolerance(dtype),
             },

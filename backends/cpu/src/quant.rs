@@ -603,6 +603,16 @@ fn bf16_panels<A: Element, Q: Element>() -> bool {
     exact || admits_bf16(Q::FORMAT)
 }
 
+/// The type of [`Weight::Gated`] for blocks of `format` beside activations in `activation`, as
+/// a dtype: what a GEMM skeleton's gated activation is held to where its GEMM rounds nothing
+/// else ([`GemmRounding::Nothing`]).
+pub fn gated_dtype(format: moek_ir::BlockFormat, activation: moek_ir::DType) -> moek_ir::DType {
+    match format {
+        moek_ir::BlockFormat::Mxfp4 => activation,
+        _ => moek_ir::DType::F32,
+    }
+}
+
 /// What [`gemm_blocks`] rounds beyond its f32 sums, by where it runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmRounding {
@@ -746,6 +756,31 @@ pub fn rows_q<Q: Element>(
 mod tests {
     use super::*;
     use moek_ir::quant::{dequantize, quantize};
+
+    #[test]
+    fn gated_dtype_names_each_weights_gated_type() {
+        use half::bf16;
+        use moek_ir::quant::{BlockMxfp4, BlockQ4, BlockQ8};
+        use moek_ir::{DType, Kind};
+        fn check<Q: Weight>() {
+            for (a, kind) in [
+                (DType::F32, <Q::Gated<f32> as Element>::KIND),
+                (DType::Bf16, <Q::Gated<bf16> as Element>::KIND),
+            ] {
+                assert_eq!(
+                    Kind::Plain(gated_dtype(Q::FORMAT, a)),
+                    kind,
+                    "{:?}",
+                    Q::FORMAT
+                );
+            }
+        }
+        check::<BlockQ8<1>>();
+        check::<BlockQ8<4>>();
+        check::<BlockQ4<1>>();
+        check::<BlockQ4<8>>();
+        check::<BlockMxfp4>();
+    }
 
     fn values(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
