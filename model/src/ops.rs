@@ -210,29 +210,57 @@ pub fn inv_freq(rope: &Rope, d: usize) -> Vec<f32> {
         .collect()
 }
 
-/// Rotates each `d`-wide head of `x` (`[rows, heads, d]`) at its row's position: pairs are
-/// `(i, i + d/2)` (the halves convention).
-pub fn rope(x: &mut [f32], d: usize, positions: &[usize], inv: &[f32]) {
-    let per_row = x.len() / positions.len();
-    x.par_chunks_mut(per_row)
-        .zip(positions)
-        .for_each(|(row, &p)| {
-            let (cos, sin): (Vec<f32>, Vec<f32>) = inv
-                .iter()
-                .map(|f| {
-                    let a = p as f32 * f;
-                    (a.cos(), a.sin())
-                })
-                .unzip();
-            row.chunks_mut(d).for_each(|head| {
-                let (lo, hi) = head.split_at_mut(d / 2);
-                for j in 0..d / 2 {
-                    let (a, b) = (lo[j], hi[j]);
-                    lo[j] = a * cos[j] - b * sin[j];
-                    hi[j] = b * cos[j] + a * sin[j];
+/// The cosines and sines of RoPE's angles at each of a call's positions, `[positions, d/2]`:
+/// made once and applied to both q and k ([`Rotation::apply`]).
+#[derive(Debug)]
+pub struct Rotation {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    pairs: usize,
+}
+
+impl Rotation {
+    /// The angles `position * inv[j]` of every position (in f32, as each rotation used them).
+    pub fn new(positions: &[usize], inv: &[f32]) -> Rotation {
+        let pairs = inv.len();
+        let mut cos = vec![0f32; positions.len() * pairs];
+        let mut sin = vec![0f32; positions.len() * pairs];
+        cos.par_chunks_mut(pairs.max(1))
+            .zip(sin.par_chunks_mut(pairs.max(1)))
+            .zip(positions)
+            .for_each(|((c, s), &p)| {
+                for ((c, s), f) in c.iter_mut().zip(s.iter_mut()).zip(inv) {
+                    (*s, *c) = (p as f32 * f).sin_cos();
                 }
             });
-        });
+        Rotation { cos, sin, pairs }
+    }
+
+    /// Rotates each `d`-wide head of `x` (`[rows, heads, d]`, a row a position) at its row's
+    /// position: pairs are `(i, i + d/2)` (the halves convention).
+    pub fn apply(&self, x: &mut [f32], d: usize) {
+        assert_eq!(
+            d / 2,
+            self.pairs,
+            "heads of {d} against {} pairs",
+            self.pairs
+        );
+        let rows = self.cos.len() / self.pairs.max(1);
+        let per_row = x.len() / rows;
+        x.par_chunks_mut(per_row)
+            .zip(self.cos.par_chunks(self.pairs))
+            .zip(self.sin.par_chunks(self.pairs))
+            .for_each(|((row, cos), sin)| {
+                row.chunks_mut(d).for_each(|head| {
+                    let (lo, hi) = head.split_at_mut(d / 2);
+                    for j in 0..d / 2 {
+                        let (a, b) = (lo[j], hi[j]);
+                        lo[j] = a * cos[j] - b * sin[j];
+                        hi[j] = b * cos[j] + a * sin[j];
+                    }
+                });
+            });
+    }
 }
 
 /// Causal attention of `s` new queries (`q` `[s, heads, d]`, positions `qpos`) over `n` keys and

@@ -152,11 +152,12 @@ impl<W: Element> Model<'_, W> {
         let (mut q, k_raw) = (qkv.next().expect("q"), qkv.next().expect("k"));
         let mut v = qkv.next().unwrap_or_else(|| k_raw.clone());
         rms_norm(&mut q, d, Some(&lw.self_attn.q_norm), cfg.rms_norm_eps);
-        ops::rope(&mut q, d, positions, &inv);
+        let rotation = ops::Rotation::new(positions, &inv);
+        rotation.apply(&mut q, d);
         rms_norm(&mut v, d, None, cfg.rms_norm_eps);
         let mut k = k_raw;
         rms_norm(&mut k, d, Some(&lw.self_attn.k_norm), cfg.rms_norm_eps);
-        ops::rope(&mut k, d, positions, &inv);
+        rotation.apply(&mut k, d);
         cache.append::<W>(&k, &v, positions, kv, d);
         let shape = ops::Heads {
             heads: nh,

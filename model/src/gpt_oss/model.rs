@@ -202,8 +202,9 @@ impl<W: Element> Model<'_, W> {
         add_bias(&mut k, &a.k_proj.bias);
         add_bias(&mut v, &a.v_proj.bias);
         let inv = cfg.rope.inv_freq(d);
-        ops::rope(&mut q, d, positions, &inv);
-        ops::rope(&mut k, d, positions, &inv);
+        let rotation = ops::Rotation::new(positions, &inv);
+        rotation.apply(&mut q, d);
+        rotation.apply(&mut k, d);
         // YaRN scales cosines and sines, so each rotated q and k; the score scale goes on q
         // (`ops::attention` scores with scale 1).
         let factor = cfg.rope.attention_factor as f32;

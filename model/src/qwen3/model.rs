@@ -224,12 +224,13 @@ impl<W: Element> Model<'_, W> {
         );
         let inv = ops::inv_freq(&cfg.rope, d);
         rms_norm(&mut q, d, Some(&a.q_norm), cfg.rms_norm_eps);
-        ops::rope(&mut q, d, positions, &inv);
+        let rotation = ops::Rotation::new(positions, &inv);
+        rotation.apply(&mut q, d);
         // The score scale, applied to the queries (`ops::attention` scores with scale 1).
         let scale = (d as f32).powf(-0.5);
         q.iter_mut().for_each(|x| *x *= scale);
         rms_norm(&mut k, d, Some(&a.k_norm), cfg.rms_norm_eps);
-        ops::rope(&mut k, d, positions, &inv);
+        rotation.apply(&mut k, d);
         cache.append::<W>(&k, &v, positions, kv, d);
         let heads = ops::Heads {
             heads: nh,
