@@ -7,7 +7,8 @@
 //! the row kernel gathers and spreads a scale per block. A third contender keeps rows whole but
 //! splits each: its scales first, then its nibbles (sixteen scales one load, four blocks'
 //! nibbles one load, the activation read as the row kernel reads it), the cheaper layout change,
-//! to say how much of the tiles' gain a row-major layout could keep.
+//! to say how much of the tiles' gain a row-major layout could keep. Every contender prefetches
+//! each line of its steps as far ahead as the row kernel does, so only the layouts differ.
 //!
 //! Two groups: `in_cache` (one thread, a 101 KB matrix: instructions a block) and `streamed` (two
 //! threads, a matrix as large as the bandwidth probe, in huge pages, each timed pass after a
