@@ -157,8 +157,8 @@ pub(crate) unsafe fn dot_q8<const G: usize>(
 /// 64-byte load) in two `vpdpbusd` into the same lanes; a group's 4 lanes then hold its sums
 /// over values `4i..4i + 4` and `16 + 4i..16 + 4i + 4`, less [`QuantizedActivation::offsets`]
 /// (what the nibbles' offset of 8 adds: one load for four groups), converted, scaled and fused
-/// into one of [`CHAINS`] accumulators in turn. After the last whole sixteen, fours, then the
-/// last groups in a 128-bit step each.
+/// into one of [`CHAINS`] accumulators in turn. After the last whole sixteen, fours, then a
+/// last pair in a 256-bit step and a last odd group in a 128-bit one.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q4<const G: usize>(
     row: &[BlockQ4<G>],
@@ -202,6 +202,28 @@ pub(crate) unsafe fn dot_q4<const G: usize>(
             *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot), *acc);
         }
     };
+    let two = |acc: &mut __m256, b: usize| {
+        // SAFETY: `b + 1 < n` (as above).
+        unsafe {
+            let w = _mm256_inserti128_si256::<1>(
+                _mm256_castsi128_si256(_mm_loadu_si128(group(b).0.cast())),
+                _mm_loadu_si128(group(b + 1).0.cast()),
+            );
+            let m = _mm256_set1_epi8(0x0f);
+            let lo = _mm256_and_si256(w, m);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m);
+            let xl = _mm256_loadu_si256(low.add(b * 16).cast());
+            let xh = _mm256_loadu_si256(high.add(b * 16).cast());
+            let dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, xl);
+            let dot = _mm256_dpbusd_epi32(dot, hi, xh);
+            let dot = _mm256_sub_epi32(dot, _mm256_loadu_si256(offsets.add(b * 4).cast()));
+            let s = _mm256_setr_m128(
+                _mm_set1_ps(scale1(group(b).1, &x.scales, b)),
+                _mm_set1_ps(scale1(group(b + 1).1, &x.scales, b + 1)),
+            );
+            *acc = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(dot), *acc);
+        }
+    };
     let one = |acc: &mut __m128, b: usize| {
         // SAFETY: `b < n` (as above).
         unsafe {
@@ -236,10 +258,15 @@ pub(crate) unsafe fn dot_q4<const G: usize>(
         for (b, acc) in (full..quads_end).step_by(4).zip([a0, a1, a2]) {
             quad(acc, b);
         }
-        let mut rest = _mm_setzero_ps();
-        for b in quads_end..e {
-            one(&mut rest, b);
+        let (mut pair, mut last) = (_mm256_setzero_ps(), _mm_setzero_ps());
+        let pair_end = quads_end + (e - quads_end) / 2 * 2;
+        if pair_end > quads_end {
+            two(&mut pair, quads_end);
         }
-        _mm512_add_ps(add_chains(acc), _mm512_zextps128_ps512(rest))
+        if pair_end < e {
+            one(&mut last, pair_end);
+        }
+        let rest = _mm256_add_ps(pair, _mm256_zextps128_ps256(last));
+        _mm512_add_ps(add_chains(acc), _mm512_zextps256_ps512(rest))
     })
 }
