@@ -245,8 +245,7 @@ impl Rotation {
             "heads of {d} against {} pairs",
             self.pairs
         );
-        let rows = self.cos.len() / self.pairs.max(1);
-        let per_row = x.len() / rows;
+        let per_row = x.len() / (self.cos.len() / self.pairs);
         x.par_chunks_mut(per_row)
             .zip(self.cos.par_chunks(self.pairs))
             .zip(self.sin.par_chunks(self.pairs))
