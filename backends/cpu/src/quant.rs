@@ -25,19 +25,39 @@ use std::ops::Range;
 
 /// An activation vector in Q8 groups: one f32 scale per group of 32 and the values as i8, also
 /// split into halves for the Q4_0 kernels (`crate::avx2::dot_q4`, `crate::vnni::dot_q4`).
-#[derive(Debug, Default)]
+///
+/// What the row kernels load a step at a time starts on a cache line ([`Lines`]): at 64 bytes
+/// a step, a load from a buffer that starts 16 bytes in (as the allocator's do) splits across
+/// two lines three times in four, and split loads slowed the Q4_0 row kernel by a seventh
+/// (docs/performance.md).
+#[derive(Debug)]
 pub struct QuantizedActivation {
     pub scales: Vec<f32>,
-    pub values: Vec<i8>,
+    pub values: Lines<i8>,
     /// Each block's values `0..16`, block after block: what Q4_0's low nibbles multiply, so two
     /// blocks' halves are one 32-byte load beside their two blocks' nibbles.
-    pub low: Vec<i8>,
+    pub low: Lines<i8>,
     /// Each block's values `16..32` (the high nibbles'), block after block.
-    pub high: Vec<i8>,
+    pub high: Lines<i8>,
     /// Per block, 4 lanes: 8 x the sum of values `4i..4i + 4` and `16 + 4i..16 + 4i + 4`, what
     /// Q4_0's offset of 8 adds to lane `i` of the AVX2 kernel's block sums, so it multiplies
     /// the nibbles as they are stored (0..=15) and subtracts this once.
-    pub offsets: Vec<i32>,
+    pub offsets: Lines<i32>,
+}
+
+/// A growable buffer whose first element starts a cache line.
+pub type Lines<T> = aligned_vec::AVec<T, aligned_vec::ConstAlign<64>>;
+
+impl Default for QuantizedActivation {
+    fn default() -> Self {
+        QuantizedActivation {
+            scales: Vec::new(),
+            values: Lines::new(64),
+            low: Lines::new(64),
+            high: Lines::new(64),
+            offsets: Lines::new(64),
+        }
+    }
 }
 
 impl QuantizedActivation {
@@ -60,16 +80,15 @@ impl QuantizedActivation {
             let (d, id) = group_scale(amax);
             self.scales.push(d);
             // |v * id| <= 127: never -128, which the AVX2 kernel's sign trick could not negate.
-            let start = self.values.len();
-            self.values
-                .extend(block.iter().map(|v| round_small(v.to_f32() * id) as i8));
-            let q = &self.values[start..];
+            let q: [i8; GROUP] = std::array::from_fn(|i| round_small(block[i].to_f32() * id) as i8);
+            self.values.extend_from_slice(&q);
             self.low.extend_from_slice(&q[..HALF]);
             self.high.extend_from_slice(&q[HALF..]);
             let sum = |r: &[i8]| r.iter().map(|&v| i32::from(v)).sum::<i32>();
-            self.offsets.extend((0..4).map(|i| {
+            let offsets: [i32; 4] = std::array::from_fn(|i| {
                 8 * (sum(&q[4 * i..4 * i + 4]) + sum(&q[HALF + 4 * i..HALF + 4 * i + 4]))
-            }));
+            });
+            self.offsets.extend_from_slice(&offsets);
         }
     }
 }
@@ -780,6 +799,24 @@ mod tests {
         check::<BlockQ4<1>>();
         check::<BlockQ4<8>>();
         check::<BlockMxfp4>();
+    }
+
+    #[test]
+    fn an_activation_s_step_buffers_start_on_a_cache_line() {
+        let mut xq = QuantizedActivation::default();
+        for n in [GROUP, 3 * GROUP, 88 * GROUP] {
+            xq.quantize(&values(n, 3));
+            let starts = [
+                xq.values.as_ptr().addr(),
+                xq.low.as_ptr().addr(),
+                xq.high.as_ptr().addr(),
+                xq.offsets.as_ptr().addr(),
+            ];
+            assert!(
+                starts.iter().all(|p| p % 64 == 0),
+                "{n} values: {starts:x?}"
+            );
+        }
     }
 
     fn values(n: usize, seed: u64) -> Vec<f32> {
