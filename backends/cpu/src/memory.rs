@@ -69,6 +69,13 @@ pub struct LineAligned;
 /// Blocks of this many bytes or more start on a cache line (smaller ones hold no weights).
 pub const LARGE: usize = 64 << 10;
 
+/// A cache line's bytes.
+pub const LINE: usize = 64;
+
+/// A growable buffer whose first element starts a cache line: for the small buffers a kernel
+/// loads a line at a time (an activation row), which [`LineAligned`] leaves to the system.
+pub type Lines<T> = aligned_vec::AVec<T, aligned_vec::ConstAlign<LINE>>;
+
 // SAFETY: every method hands over to the system allocator, large blocks through `line`, whose
 // blocks are told apart from the system's by the size the caller gives back (a block is freed
 // with the layout it was made with).
@@ -126,9 +133,9 @@ unsafe impl std::alloc::GlobalAlloc for LineAligned {
 /// line boundary past the word that remembers where the system's block starts.
 #[cfg(unix)]
 mod line {
+    use super::LINE;
     use std::alloc::Layout;
 
-    const LINE: usize = 64;
     /// Bytes asked of the system beyond the caller's: the word and the way to a boundary
     /// (`malloc` returns 16-byte aligned blocks, so at most 56).
     const SPARE: usize = LINE;
@@ -270,7 +277,7 @@ pub fn prefetch_span<T>(p: *const T, bytes: usize) {
 #[inline(always)]
 fn span_offsets(bytes: usize) -> impl Iterator<Item = usize> {
     let last = bytes.saturating_sub(1);
-    (0..=bytes.div_ceil(64)).map(move |i| (i * 64).min(last))
+    (0..=bytes.div_ceil(LINE)).map(move |i| (i * LINE).min(last))
 }
 
 /// [`prefetch`] into L2 only: for lines wanted thousands of cycles later, which L1 would not keep.

@@ -18,6 +18,7 @@
 //! half a step, `amax / 254` of its block (docs/numerics.md).
 
 use crate::isa::{Isa, isa};
+use crate::memory::{LINE, Lines};
 use moek_ir::Element;
 use moek_ir::quant::{BlockMxfp4, BlockQ4, BlockQ8, GROUP};
 use std::cell::RefCell;
@@ -45,17 +46,14 @@ pub struct QuantizedActivation {
     pub offsets: Lines<i32>,
 }
 
-/// A growable buffer whose first element starts a cache line.
-pub type Lines<T> = aligned_vec::AVec<T, aligned_vec::ConstAlign<64>>;
-
 impl Default for QuantizedActivation {
     fn default() -> Self {
         QuantizedActivation {
             scales: Vec::new(),
-            values: Lines::new(64),
-            low: Lines::new(64),
-            high: Lines::new(64),
-            offsets: Lines::new(64),
+            values: Lines::new(LINE),
+            low: Lines::new(LINE),
+            high: Lines::new(LINE),
+            offsets: Lines::new(LINE),
         }
     }
 }
@@ -813,7 +811,7 @@ mod tests {
                 xq.offsets.as_ptr().addr(),
             ];
             assert!(
-                starts.iter().all(|p| p % 64 == 0),
+                starts.iter().all(|p| p % LINE == 0),
                 "{n} values: {starts:x?}"
             );
         }
