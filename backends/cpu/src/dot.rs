@@ -262,17 +262,11 @@ pub(crate) mod avx512 {
         (i / 16) * 16 + 4 * (i % 4) + (i % 16) / 4
     }
 
-    /// One block's 32 activation values in [`dot_mxfp4`]'s lanes, on whole cache lines (a
-    /// load that splits two lines costs two).
-    #[derive(Clone, Copy, Debug)]
-    #[repr(C, align(64))]
-    pub(crate) struct Mxfp4Lanes([f32; 32]);
-
     /// `x` (whole blocks of 32) reordered into [`dot_mxfp4`]'s lanes, into `lanes`: once per
-    /// product, shared by every row.
-    /// One permute a half block.
+    /// product, shared by every row. A block's 32 values fill two cache lines (the buffer
+    /// starts on one: a load that splits two lines costs two). One permute a half block.
     #[target_feature(enable = "avx512f")]
-    pub(crate) fn mxfp4_lane_order(x: &[f32], lanes: &mut Vec<Mxfp4Lanes>) {
+    pub(crate) fn mxfp4_lane_order(x: &[f32], lanes: &mut crate::memory::Lines<f32>) {
         const AT: [i32; 16] = {
             let mut at = [0; 16];
             let mut i = 0;
@@ -284,18 +278,16 @@ pub(crate) mod avx512 {
         };
         // SAFETY: `AT` is 16 i32s.
         let at = unsafe { _mm512_loadu_si512(AT.as_ptr().cast()) };
+        let whole = x.len() / 32 * 32;
         lanes.clear();
-        lanes.extend(x.chunks_exact(32).map(|block| {
-            let mut out = Mxfp4Lanes([0.0; 32]);
-            for (half, to) in block.chunks_exact(16).zip(out.0.chunks_exact_mut(16)) {
-                // SAFETY: both halves are 16 f32s.
-                unsafe {
-                    let v = _mm512_loadu_ps(half.as_ptr());
-                    _mm512_storeu_ps(to.as_mut_ptr(), _mm512_permutexvar_ps(at, v));
-                }
+        lanes.resize(whole, 0.0);
+        for (half, to) in x[..whole].chunks_exact(16).zip(lanes.chunks_exact_mut(16)) {
+            // SAFETY: both halves are 16 f32s.
+            unsafe {
+                let v = _mm512_loadu_ps(half.as_ptr());
+                _mm512_storeu_ps(to.as_mut_ptr(), _mm512_permutexvar_ps(at, v));
             }
-            out
-        }));
+        }
     }
 
     /// [`crate::avx2::dot_mxfp4`] on AVX-512 against an activation in lane order
@@ -309,12 +301,12 @@ pub(crate) mod avx512 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub(crate) unsafe fn dot_mxfp4(
         row: &[moek_ir::quant::BlockMxfp4],
-        x: &[Mxfp4Lanes],
+        x: &crate::memory::Lines<f32>,
         segs: &[(usize, usize)],
         ahead: usize,
     ) -> f32 {
         let n = segs.iter().map(|&(_, e)| e).max().unwrap_or(0);
-        assert!(row.len() >= n && x.len() >= n);
+        assert!(row.len() >= n && x.len() >= n * 32);
         // SAFETY: the table is 16 f32s.
         let table = unsafe { _mm512_loadu_ps(moek_ir::quant::E2M1.as_ptr()) };
         let low_shift = _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24);
@@ -327,7 +319,7 @@ pub(crate) mod avx512 {
                 let bytes = _mm512_broadcast_i32x4(_mm_loadu_si128(blk.qs.as_ptr().cast()));
                 let lo = _mm512_srlv_epi32(bytes, low_shift);
                 let hi = _mm512_srlv_epi32(bytes, high_shift);
-                let xs = x.get_unchecked(b).0.as_ptr();
+                let xs = x.as_ptr().add(32 * b);
                 let s = _mm512_mul_ps(_mm512_permutexvar_ps(lo, table), _mm512_load_ps(xs));
                 let s = _mm512_fmadd_ps(
                     _mm512_permutexvar_ps(hi, table),

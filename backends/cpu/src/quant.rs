@@ -327,7 +327,7 @@ thread_local! {
     static WIDE: RefCell<Vec<f32>> = RefCell::default();
     /// Each thread's f32 activation in the AVX-512 MXFP4 kernel's lane order.
     #[cfg(target_arch = "x86_64")]
-    static LANES: RefCell<Vec<crate::dot::avx512::Mxfp4Lanes>> = RefCell::default();
+    static LANES: RefCell<Lines<f32>> = RefCell::new(Lines::new(LINE));
 }
 
 /// MXFP4 blocks against the activation in f32, not quantized: the weights' exact values times
