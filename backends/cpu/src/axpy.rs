@@ -9,7 +9,7 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     match isa() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `isa()` checked the AVX-512 features; the lengths are equal (asserted).
-        Isa::Avx512Bf16 | Isa::Amx => unsafe { avx512(a, x, y) },
+        Isa::Avx512 | Isa::Amx => unsafe { avx512(a, x, y) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `isa()` checked the AVX2 and FMA features; the lengths are equal (asserted).
         Isa::Avx2 => unsafe { crate::avx2::axpy(a, x, y) },

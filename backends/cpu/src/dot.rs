@@ -105,7 +105,7 @@ pub fn dotn_segments<A: Element, B: Element, const NR: usize>(
     }
     match isa() {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Bf16 | Isa::Amx => avx512::dotn(a, rows, segs, next),
+        Isa::Avx512 | Isa::Amx => avx512::dotn(a, rows, segs, next),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => crate::avx2::dotn(a, rows, segs, next),
         _ => portable::dotn(a, rows, segs),
@@ -209,7 +209,7 @@ pub(crate) mod avx512 {
         // the caller).
         unsafe {
             match (kind::<A>(), kind::<B>()) {
-                (Kind::Bf16, Kind::Bf16) => bf16_dotn::<NR>(
+                (Kind::Bf16, Kind::Bf16) if crate::isa::has_avx512_bf16() => bf16_dotn::<NR>(
                     bits16(a).as_ptr(),
                     rows.map(|r| bits16(r).as_ptr()),
                     segs,
@@ -219,6 +219,7 @@ pub(crate) mod avx512 {
                 (Kind::F32, Kind::F32) => fma_dotn::<F32, F32, NR>(ap, rp, segs, np),
                 (Kind::F32, Kind::F16) => fma_dotn::<F32, F16, NR>(ap, rp, segs, np),
                 (Kind::F32, Kind::Bf16) => fma_dotn::<F32, BF16, NR>(ap, rp, segs, np),
+                (Kind::Bf16, Kind::Bf16) => fma_dotn::<BF16, BF16, NR>(ap, rp, segs, np),
                 _ => portable::dotn(a, rows, segs),
             }
         }

@@ -49,12 +49,12 @@ pub fn gemm_nt<W: Element>(
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the features were detected; every row the tiles touch is in bounds (asserted).
-        Isa::Avx512Bf16 | Isa::Amx if kind::<W>() == Kind::Bf16 && bf16_tile() == Bf16Tile::Dot => unsafe {
+        Isa::Avx512 | Isa::Amx if kind::<W>() == Kind::Bf16 && bf16_tile() == Bf16Tile::Dot => unsafe {
             avx512::gemm_dpbf16(bits16(a), lda, bits16(b), ldb, c, ldc, m, n, k)
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the features were detected; every row the tiles touch is in bounds (asserted).
-        Isa::Avx512Bf16 | Isa::Amx => unsafe { avx512::gemm(a, lda, b, ldb, c, ldc, m, n, k) },
+        Isa::Avx512 | Isa::Amx => unsafe { avx512::gemm(a, lda, b, ldb, c, ldc, m, n, k) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the features were detected; every row the tiles touch is in bounds (asserted).
         Isa::Avx2 => unsafe { crate::avx2::gemm::gemm(a, lda, b, ldb, c, ldc, m, n, k) },
@@ -92,11 +92,12 @@ pub enum Bf16Tile {
 
 /// The bf16 tile of this process: `MOEK_CPU_BF16_GEMM=fma|dot` forces one (a forced `dot` on a
 /// CPU without AVX-512 BF16 panics naming it); unset, the two are timed on operands in L1 at the
-/// first bf16 GEMM and the faster kept. `Fma` below the AVX-512 level (it is what AVX2 runs).
+/// first bf16 GEMM and the faster kept. `Fma` below the AVX-512 level (it is what AVX2 runs) and
+/// on AVX-512 cores without BF16 (Cascade Lake, Ice Lake).
 pub fn bf16_tile() -> Bf16Tile {
     static TILE: std::sync::OnceLock<Bf16Tile> = std::sync::OnceLock::new();
     *TILE.get_or_init(|| {
-        let avx512 = matches!(isa(), Isa::Avx512Bf16 | Isa::Amx);
+        let avx512 = matches!(isa(), Isa::Avx512 | Isa::Amx) && crate::isa::has_avx512_bf16();
         match std::env::var("MOEK_CPU_BF16_GEMM").as_deref() {
             Ok("fma") => Bf16Tile::Fma,
             Ok("dot") => {

@@ -65,7 +65,7 @@ fn layout(format: BlockFormat) -> Option<Layout> {
 /// Whether [`gemm`] multiplies `format`'s blocks at `level`.
 pub(crate) fn multiplies(level: Isa, format: BlockFormat) -> bool {
     match level {
-        Isa::Avx512Bf16 => layout(format).is_some(),
+        Isa::Avx512 => layout(format).is_some(),
         Isa::Avx2 => format == BlockFormat::Q4_0,
         Isa::Amx | Isa::Portable => false,
     }
@@ -110,7 +110,7 @@ impl QuantizedRows {
                 // SAFETY: `level` is this process's (the caller's check); the slices are one row's.
                 unsafe {
                     match level {
-                        Isa::Avx512Bf16 => quantize_row::<Avx512, A>(row, values, scales, sums),
+                        Isa::Avx512 => quantize_row::<Avx512, A>(row, values, scales, sums),
                         Isa::Avx2 => quantize_row::<Avx2, A>(row, values, scales, sums),
                         other => unreachable!("no integer GEMM on {}", other.name()),
                     }
@@ -281,7 +281,7 @@ pub(crate) unsafe fn gemm<A: Element, Q: Element>(
     // SAFETY: forwarded.
     unsafe {
         match level {
-            Isa::Avx512Bf16 => SCRATCH.with_borrow_mut(|s| {
+            Isa::Avx512 => SCRATCH.with_borrow_mut(|s| {
                 s.rows.quantize::<Avx512, A>(a, lda, m, k, Avx512::TOKENS);
                 multiply::<Avx512, Q>(&s.rows, &mut s.panel, m, Q::FORMAT, b, ldb, c, ldc, n);
             }),
@@ -316,7 +316,7 @@ pub(crate) unsafe fn gemm_quantized<Q: Element>(
     // SAFETY: forwarded.
     unsafe {
         match level {
-            Isa::Avx512Bf16 => quantized_on::<Avx512, Q>(format, x, ids, segs, b, ldb, c, ldc, n),
+            Isa::Avx512 => quantized_on::<Avx512, Q>(format, x, ids, segs, b, ldb, c, ldc, n),
             Isa::Avx2 => quantized_on::<Avx2, Q>(format, x, ids, segs, b, ldb, c, ldc, n),
             other => unreachable!("no integer GEMM on {}", other.name()),
         }

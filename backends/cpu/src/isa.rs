@@ -12,9 +12,11 @@ use std::sync::OnceLock;
 pub enum Isa {
     /// AVX-512 as below, plus AMX tiles (`tdpbf16ps`) for bf16 GEMMs and GEMMs over blocks.
     Amx,
-    /// AVX-512 F/BW/VL with BF16 dot products (`vdpbf16ps`), VNNI byte dot products
-    /// (`vpdpbusd`: every CPU with AVX-512 BF16 has them) and 16-bit conversion.
-    Avx512Bf16,
+    /// AVX-512 F/BW/VL with VNNI byte dot products (`vpdpbusd`; Cascade Lake, Ice Lake and
+    /// every later core, Zen 4 on). Where the CPU also has BF16 dot products (`vdpbf16ps`,
+    /// [`has_avx512_bf16`]), bf16 GEMMs may multiply with them ([`crate::gemm::bf16_tile`]);
+    /// elsewhere bf16 is widened to f32 and multiplied by FMA, as on AVX2.
+    Avx512,
     /// AVX2 with FMA and F16C: 8 f32 lanes, 16-bit weights widened on load ([`crate::avx2`]).
     Avx2,
     /// Plain Rust the compiler vectorises for the baseline target.
@@ -25,7 +27,8 @@ impl Isa {
     pub fn name(self) -> &'static str {
         match self {
             Isa::Amx => "amx-bf16",
-            Isa::Avx512Bf16 => "avx512-bf16",
+            Isa::Avx512 if has_avx512_bf16() => "avx512-bf16",
+            Isa::Avx512 => "avx512",
             Isa::Avx2 => "avx2",
             Isa::Portable => "portable",
         }
@@ -35,7 +38,7 @@ impl Isa {
     pub fn switch(self) -> &'static str {
         match self {
             Isa::Amx => "amx",
-            Isa::Avx512Bf16 => "avx512",
+            Isa::Avx512 => "avx512",
             Isa::Avx2 => "avx2",
             Isa::Portable => "portable",
         }
@@ -46,7 +49,7 @@ impl Isa {
     fn f32_macs_per_cycle(self) -> f64 {
         match self {
             // two 16-lane f32 FMAs per cycle
-            Isa::Amx | Isa::Avx512Bf16 => 32.0,
+            Isa::Amx | Isa::Avx512 => 32.0,
             // two 8-lane f32 FMAs per cycle
             Isa::Avx2 => 16.0,
             // the baseline target has no FMA: two 4-lane multiplies and two adds per cycle
@@ -78,7 +81,7 @@ impl Isa {
     pub(crate) fn gemm_mac(self) -> Option<Mac> {
         match self {
             Isa::Amx => Some(Mac::Tdpbf16),
-            Isa::Avx512Bf16 if crate::gemm::bf16_tile() == crate::gemm::Bf16Tile::Dot => {
+            Isa::Avx512 if crate::gemm::bf16_tile() == crate::gemm::Bf16Tile::Dot => {
                 Some(Mac::Dpbf16)
             }
             other => other.f32_mac(),
@@ -92,7 +95,7 @@ impl Isa {
     pub fn integer_peak_gflops(self, format: moek_ir::BlockFormat, threads: usize) -> Option<f64> {
         let integer =
             crate::quant::gemm_rounding(format) == crate::quant::GemmRounding::Activation8;
-        (self == Isa::Avx512Bf16 && integer).then(|| crate::peak::gflops(Mac::Dpbusd, threads))
+        (self == Isa::Avx512 && integer).then(|| crate::peak::gflops(Mac::Dpbusd, threads))
     }
 
     /// Peak f32 FMA GFLOP/s of `threads` cores, printed beside the above: timed as it is.
@@ -111,7 +114,7 @@ impl Isa {
     /// The FMA this level's f32 products issue (none on the portable path).
     pub(crate) fn f32_mac(self) -> Option<Mac> {
         match self {
-            Isa::Amx | Isa::Avx512Bf16 => Some(Mac::Fma512),
+            Isa::Amx | Isa::Avx512 => Some(Mac::Fma512),
             Isa::Avx2 => Some(Mac::Fma256),
             Isa::Portable => None,
         }
@@ -146,10 +149,10 @@ pub fn isa() -> Isa {
             }
             "avx512" => {
                 assert!(
-                    has_avx512_bf16(),
-                    "MOEK_CPU_ISA=avx512 but this CPU lacks AVX-512 F/BW/VL/BF16/VNNI; unset it or use `avx2` or `portable`"
+                    has_avx512(),
+                    "MOEK_CPU_ISA=avx512 but this CPU lacks AVX-512 F/BW/VL/VNNI (or AVX2/FMA/F16C); unset it or use `avx2` or `portable`"
                 );
-                Isa::Avx512Bf16
+                Isa::Avx512
             }
             "amx" => {
                 assert!(
@@ -183,7 +186,7 @@ pub fn vectorised<R>(body: impl FnOnce() -> R) -> R {
     match isa() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `isa()` checked the AVX-512 features.
-        Isa::Avx512Bf16 | Isa::Amx => unsafe { avx512(body) },
+        Isa::Avx512 | Isa::Amx => unsafe { avx512(body) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `isa()` checked the AVX2 features.
         Isa::Avx2 => unsafe { avx2(body) },
@@ -196,15 +199,28 @@ pub fn best() -> Isa {
     supported()[0]
 }
 
-/// Whether this CPU has everything the AVX-512 path uses.
+/// Whether this CPU has everything the AVX-512 level uses (its kernels also use AVX2's).
+pub fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        has_avx2()
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether the AVX-512 level also has BF16 dot products (`vdpbf16ps`, `vcvtneps2bf16`): what
+/// the `dot` bf16 GEMM tile, the bf16 dot products and AMX need beside [`has_avx512`].
 pub fn has_avx512_bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512bf16")
-            && is_x86_feature_detected!("avx512vnni")
+        has_avx512() && is_x86_feature_detected!("avx512bf16")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -230,8 +246,8 @@ pub fn supported() -> Vec<Isa> {
     if has_avx512_bf16() && crate::amx::enable() {
         levels.push(Isa::Amx);
     }
-    if has_avx512_bf16() {
-        levels.push(Isa::Avx512Bf16);
+    if has_avx512() {
+        levels.push(Isa::Avx512);
     }
     if has_avx2() {
         levels.push(Isa::Avx2);

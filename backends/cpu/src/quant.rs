@@ -385,7 +385,7 @@ pub fn rows_mxfp4(
     let (ldb, kb, groups) = block_rows::<BlockMxfp4>(x.len(), mat.len(), ld, &rows, segs, out);
     let level = isa();
     #[cfg(target_arch = "x86_64")]
-    if matches!(level, Isa::Amx | Isa::Avx512Bf16) {
+    if matches!(level, Isa::Amx | Isa::Avx512) {
         // The activation once in the kernel's lane order, then every row against it.
         return LANES.with_borrow_mut(|lanes| {
             // SAFETY: the level is checked.
@@ -481,14 +481,14 @@ pub fn gemm_blocks<A: Element, Q: Element>(
         }
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Bf16 if on_dot_tile() && bf16_panels::<A, Q>() => {
+        Isa::Avx512 if on_dot_tile() && bf16_panels::<A, Q>() => {
             return unsafe {
                 crate::gemm::avx512::gemm_dpbf16_blocks(a, lda, b, ldb, c, ldc, m, n, k)
             };
         }
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Amx | Isa::Avx512Bf16 => {
+        Isa::Amx | Isa::Avx512 => {
             return unsafe { crate::gemm::avx512::gemm(a, lda, b, ldb, c, ldc, m, n, k) };
         }
         // SAFETY: as above.
@@ -649,7 +649,7 @@ pub enum GemmRounding {
 pub fn gemm_rounding(format: moek_ir::BlockFormat) -> GemmRounding {
     match isa() {
         _ if integer_gemm(format) => GemmRounding::Activation8,
-        Isa::Amx | Isa::Avx512Bf16 if on_bf16_tiles() && admits_bf16(format) => GemmRounding::Bf16,
+        Isa::Amx | Isa::Avx512 if on_bf16_tiles() && admits_bf16(format) => GemmRounding::Bf16,
         _ => GemmRounding::Nothing,
     }
 }
@@ -753,7 +753,7 @@ pub fn rows_q<Q: Element>(
         let row = &mat[j * ldb..j * ldb + kb];
         *o = match level {
             #[cfg(target_arch = "x86_64")]
-            Isa::Amx | Isa::Avx512Bf16 => {
+            Isa::Amx | Isa::Avx512 => {
                 // SAFETY: the level is checked; the kernel asserts the lengths.
                 unsafe { (dots.avx512)(row, x, &groups, ahead) }
             }

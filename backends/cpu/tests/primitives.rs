@@ -200,10 +200,7 @@ fn the_bf16_gemm_tile_is_the_forced_one() {
         Ok("fma") => assert_eq!(tile, Bf16Tile::Fma),
         _ => {}
     }
-    if !matches!(
-        moek_cpu::isa(),
-        moek_cpu::Isa::Avx512Bf16 | moek_cpu::Isa::Amx
-    ) {
+    if !matches!(moek_cpu::isa(), moek_cpu::Isa::Avx512 | moek_cpu::Isa::Amx) {
         assert_eq!(tile, Bf16Tile::Fma, "{}", moek_cpu::isa().name());
     }
 }
