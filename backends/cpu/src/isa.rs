@@ -216,11 +216,13 @@ pub fn has_avx512() -> bool {
 }
 
 /// Whether the AVX-512 level also has BF16 dot products (`vdpbf16ps`, `vcvtneps2bf16`): what
-/// the `dot` bf16 GEMM tile, the bf16 dot products and AMX need beside [`has_avx512`].
+/// the `dot` bf16 GEMM tile, the bf16 dot products and AMX need beside [`has_avx512`]. Detected
+/// once: the bf16 dot products ask on every call.
 pub fn has_avx512_bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        has_avx512() && is_x86_feature_detected!("avx512bf16")
+        static BF16: OnceLock<bool> = OnceLock::new();
+        *BF16.get_or_init(|| has_avx512() && is_x86_feature_detected!("avx512bf16"))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
