@@ -157,13 +157,59 @@ impl LayerCache {
         self.pos.extend_from_slice(positions);
     }
 
-    /// Keeps only the last `keep` positions.
+    /// Room for `positions` of `kv` heads of `d`, so appending up to them moves nothing.
+    fn reserve(&mut self, kv: usize, d: usize, positions: usize) {
+        self.k.resize(kv, Vec::new());
+        self.v.resize(kv, Vec::new());
+        for x in self.k.iter_mut().chain(&mut self.v) {
+            x.reserve(positions * d - x.len().min(positions * d));
+        }
+        self.pos.reserve(positions - self.pos.len().min(positions));
+    }
+
+    /// Drops all but the last `keep` positions once more than `keep` plus [`slack`] are held:
+    /// a drop moves every kept row to the front, so it runs once per `slack` steps, not every
+    /// step. Attention sees only a sliding layer's window, so the older rows held meanwhile
+    /// change nothing.
     pub(crate) fn keep_last(&mut self, keep: usize, d: usize) {
-        let drop = self.pos.len() - keep.min(self.pos.len());
+        if self.pos.len() <= keep + slack(keep) {
+            return;
+        }
+        let drop = self.pos.len() - keep;
         self.pos.drain(..drop);
         for x in self.k.iter_mut().chain(&mut self.v) {
             x.drain(..drop * d);
         }
+    }
+}
+
+/// Positions a sliding layer holds past the `keep` it needs before it drops the oldest: a
+/// quarter of them, so dropping moves a layer's cache once per `keep / 4` decode steps.
+fn slack(keep: usize) -> usize {
+    (keep / 4).max(1)
+}
+
+/// One layer's KV cache as its family lays it out: KV heads of `head_dim` f32s for keys and
+/// values, and for a sliding layer the positions later queries need (its window less one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheLayout {
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// `None`: every position is kept.
+    pub keeps: Option<usize>,
+}
+
+impl CacheLayout {
+    /// Positions held once `positions` tokens are in: every one, or at most a sliding layer's
+    /// [`LayerCache::keep_last`] keeps with its slack.
+    pub fn held(&self, positions: usize) -> usize {
+        self.keeps
+            .map_or(positions, |keep| positions.min(keep + slack(keep)))
+    }
+
+    /// Bytes held once `positions` tokens are in.
+    pub fn bytes(&self, positions: usize) -> u64 {
+        (self.held(positions) * self.kv_heads * self.head_dim * 2 * size_of::<f32>()) as u64
     }
 }
 
@@ -173,6 +219,24 @@ pub struct Cache {
     pub layers: Vec<LayerCache>,
     /// Tokens processed so far.
     pub len: usize,
+}
+
+impl Cache {
+    /// An empty cache with room for `positions` tokens in every layer of `layout` (a sliding
+    /// layer what it holds of them): appending up to them copies no row, where growing past a
+    /// `Vec`'s capacity would copy the whole cache, on the first decode step after a prompt.
+    pub fn with_room(layout: &[CacheLayout], positions: usize) -> Cache {
+        let layers = layout
+            .iter()
+            .map(|l| {
+                let mut cache = LayerCache::default();
+                // One step's row beyond what is held: it is appended before the drop.
+                cache.reserve(l.kv_heads, l.head_dim, l.held(positions) + 1);
+                cache
+            })
+            .collect();
+        Cache { layers, len: 0 }
+    }
 }
 
 /// One recorded dispatch: where in the model and what ran, and why.
@@ -196,8 +260,18 @@ pub struct Trace {
 pub trait CausalLm {
     /// Positions a sequence may reach.
     fn context(&self) -> usize;
+    /// Each layer's KV cache.
+    fn cache_layout(&self) -> Vec<CacheLayout>;
+
     /// Bytes the KV cache holds after `positions` tokens.
-    fn cache_bytes(&self, positions: usize) -> u64;
+    fn cache_bytes(&self, positions: usize) -> u64 {
+        self.cache_layout().iter().map(|l| l.bytes(positions)).sum()
+    }
+
+    /// An empty cache with room for `positions` tokens ([`Cache::with_room`]).
+    fn cache_for(&self, positions: usize) -> Cache {
+        Cache::with_room(&self.cache_layout(), positions)
+    }
 
     /// The forced MoE variant, if any, checked against a forward of `tokens` new rows (what the
     /// banks and the family ask of it): every forward does this before anything changes, and a
@@ -235,17 +309,6 @@ pub(crate) fn step<R: Send>(
     let out = moek_cpu::on_pool(|| f(cache, trace));
     trace[from..].iter_mut().for_each(|t| t.position = position);
     out
-}
-
-/// Bytes of a KV cache whose `layers` layers each keep every position: a key and a value of
-/// `head_dim` f32s per KV head.
-pub(crate) fn every_position_cache_bytes(
-    layers: usize,
-    positions: usize,
-    kv_heads: usize,
-    head_dim: usize,
-) -> u64 {
-    (layers * positions * kv_heads * head_dim * 2 * size_of::<f32>()) as u64
 }
 
 /// The rows of `table` (`[V, h]`) for `tokens`, widened to f32 (checked tokens: in the

@@ -1,7 +1,7 @@
 //! Generation: prefill (one shot or in chunks; the LM head runs on one row per chunk and only the
 //! final chunk's row gives the first token), then one token per step; greedy or seeded sampling.
 
-use crate::forward::{Cache, CausalLm, Head, ModelError, Trace};
+use crate::forward::{CausalLm, Head, ModelError, Trace};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -101,7 +101,7 @@ pub fn generate(
             available,
         });
     }
-    let mut cache = Cache::default();
+    let mut cache = model.cache_for(positions);
     let mut last = vec![];
     for part in prompt.chunks(chunk) {
         last = model

@@ -5,7 +5,7 @@
 
 use crate::checkpoint::{Checkpoint, LoadError, Residence};
 use crate::config::Family;
-use crate::forward::{Cache, CausalLm, Head, Kernels, ModelError, Trace};
+use crate::forward::{Cache, CacheLayout, CausalLm, Head, Kernels, ModelError, Trace};
 use crate::quantized::{Quantize, Scope};
 use crate::{gemma4, gpt_oss, qwen3};
 use half::{bf16, f16};
@@ -233,8 +233,8 @@ impl CausalLm for Model {
         self.cell.borrow_dependent().context()
     }
 
-    fn cache_bytes(&self, positions: usize) -> u64 {
-        self.cell.borrow_dependent().cache_bytes(positions)
+    fn cache_layout(&self) -> Vec<CacheLayout> {
+        self.cell.borrow_dependent().cache_layout()
     }
 
     fn check_variant(&self, tokens: usize) -> Result<(), ModelError> {

@@ -344,8 +344,14 @@ pub fn attention<W: Element>(
             // suffix; every sum runs in the same order with or without them (they add exact
             // zeros at the end), so the result is the same bit for bit.
             let nv = kpos.partition_point(|&kp| kp <= qpos[q0 + qs - 1]);
+            // Without the GEMMs (decode), keys before the block's first query's window (a
+            // sliding layer's cache holds some) are not scored either: each score is its own
+            // dot product and the values' sum skips zero probabilities, so the result is the
+            // same bit for bit. Scores are kept from key `lo` on.
+            let lo = if gemm.is_some() { 0 } else { seen(qpos[q0]).0 };
+            let w = nv - lo;
             // The thread's scratch: the next task reuses these pages.
-            let mut sc = moek_cpu::Scratch::<f32>::zeroed(rows * nv);
+            let mut sc = moek_cpu::Scratch::<f32>::zeroed(rows * w);
             match &gemm {
                 Some(ops) => {
                     let qw = to_w::<W>(&qg);
@@ -353,7 +359,7 @@ pub fn attention<W: Element>(
                 }
                 None => {
                     round_to::<W>(&mut qg);
-                    moek_cpu::gemm_nt(&qg, d, &k[g], d, &mut sc, nv, rows, nv, d);
+                    moek_cpu::gemm_nt(&qg, d, &k[g][lo * d..], d, &mut sc, w, rows, w, d);
                 }
             }
             let sink = |r: usize| sinks.map(|s| s[g * group + r % group]);
@@ -369,15 +375,16 @@ pub fn attention<W: Element>(
                     moek_cpu::gemm_nt(&pw, nv, &ops[g].1, n, &mut o, d, rows, d, nv);
                 }
                 None => {
-                    for (r, row) in sc.chunks_mut(nv).enumerate() {
+                    for (r, row) in sc.chunks_mut(w).enumerate() {
                         let (first, end) = seen(qpos[q0 + r / group]);
+                        let (first, end) = (first - lo, end - lo);
                         row[..first].fill(0.0);
                         row[end..].fill(0.0);
                         softmax_beside_sink(&mut row[first..end], sink(r));
                     }
                     round_to::<W>(&mut sc);
-                    for (j, vj) in v[g].chunks(d).take(nv).enumerate() {
-                        for (orow, probs) in o.chunks_mut(d).zip(sc.chunks(nv)) {
+                    for (j, vj) in v[g].chunks(d).skip(lo).take(w).enumerate() {
+                        for (orow, probs) in o.chunks_mut(d).zip(sc.chunks(w)) {
                             if probs[j] > 0.0 {
                                 moek_cpu::axpy(probs[j], vj, orow);
                             }

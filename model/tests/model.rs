@@ -28,29 +28,50 @@ fn decoding_with_the_cache_matches_a_full_forward() {
     // f32: the prefill and decode variants then differ by summation order only.
     let m = model_of::<f32>(None);
     let mut trace = vec![];
-    // Prefill 10, then the 11th token through the cache (the sliding window is 4).
-    let mut cache = Cache::default();
-    m.forward(&PROMPT[..10], &mut cache, Head::Last, &mut trace)
-        .unwrap();
-    assert!(
-        cache.layers[0].pos.len() == m.cfg.sliding_window - 1,
-        "a sliding layer keeps window - 1 positions"
-    );
-    assert_eq!(cache.layers[1].pos.len(), 10, "a full layer keeps all");
-    let step = m
-        .forward(&PROMPT[10..], &mut cache, Head::Last, &mut trace)
-        .unwrap();
     let full = m
         .forward(&PROMPT, &mut Cache::default(), Head::All, &mut trace)
         .unwrap();
     assert_eq!(full.len(), PROMPT.len());
-    let (a, b) = (&step[0], &full[PROMPT.len() - 1]);
-    let dev = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max);
-    assert!(dev < 1e-4, "cached decode vs full forward: max abs {dev}");
+    // Prefill 5, then each later token through the cache: past the sliding window of 4, so
+    // the sliding layer drops its oldest rows along the way.
+    let layout = m.cache_layout();
+    let mut cache = m.cache_for(PROMPT.len());
+    m.forward(&PROMPT[..5], &mut cache, Head::Last, &mut trace)
+        .unwrap();
+    assert!(
+        cache.layers[0].pos.len() == m.cfg.sliding_window - 1,
+        "a sliding layer keeps window - 1 positions after a prompt past its window"
+    );
+    assert_eq!(cache.layers[1].pos.len(), 5, "a full layer keeps all");
+    // The room made for the whole sequence: no step moves a layer's rows to new memory.
+    let rows = |c: &Cache| [c.layers[0].k[0].as_ptr(), c.layers[1].v[0].as_ptr()];
+    let before = rows(&cache);
+    for n in 5..PROMPT.len() {
+        let step = m
+            .forward(&PROMPT[n..n + 1], &mut cache, Head::Last, &mut trace)
+            .unwrap();
+        let held = cache.layers[0].pos.len();
+        assert!(
+            held >= m.cfg.sliding_window - 1 && held <= layout[0].held(n + 1),
+            "after {} tokens the sliding layer holds {held} positions",
+            n + 1
+        );
+        let (a, b) = (&step[0], &full[n]);
+        let dev = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            dev < 1e-4,
+            "token {n}: cached decode vs full forward: max abs {dev}"
+        );
+    }
+    assert_eq!(
+        rows(&cache),
+        before,
+        "a decode step grew a cache past its room"
+    );
 }
 
 #[test]

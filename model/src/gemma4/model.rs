@@ -7,7 +7,8 @@
 use super::config::{Config, Moe};
 use super::weights::Weights;
 use crate::forward::{
-    Cache, CausalLm, Head, Kernels, LayerCache, ModelError, Trace, check_tokens, head_rows, step,
+    Cache, CacheLayout, CausalLm, Head, Kernels, LayerCache, ModelError, Trace, check_tokens,
+    head_rows, step,
 };
 use crate::ops::rms_norm;
 use moek_kernels::ir::{Activation, Function, Op};
@@ -44,20 +45,18 @@ impl<W: Element> CausalLm for Model<'_, W> {
         self.cfg.max_position_embeddings
     }
 
-    /// Full layers keep every position, sliding ones their window; each position holds a key
-    /// and a value of `head_dim` f32s per KV head.
-    fn cache_bytes(&self, positions: usize) -> u64 {
+    /// Full layers keep every position, sliding ones the last `sliding_window - 1`.
+    fn cache_layout(&self) -> Vec<CacheLayout> {
         let cfg = &self.cfg;
         cfg.layers
             .iter()
-            .map(|l| {
-                let kept = match l.attention {
-                    super::config::Attention::Sliding => positions.min(cfg.sliding_window),
-                    super::config::Attention::Full => positions,
-                };
-                (kept * l.num_key_value_heads * l.head_dim * 2 * size_of::<f32>()) as u64
+            .map(|l| CacheLayout {
+                kv_heads: l.num_key_value_heads,
+                head_dim: l.head_dim,
+                keeps: (l.attention == super::config::Attention::Sliding)
+                    .then(|| cfg.sliding_window.saturating_sub(1)),
             })
-            .sum()
+            .collect()
     }
 
     fn check_variant(&self, tokens: usize) -> Result<(), ModelError> {

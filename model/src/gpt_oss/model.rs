@@ -9,8 +9,8 @@
 use super::config::{Config, LayerType};
 use super::weights::{DecoderLayer, Linear, Mlp, Weights};
 use crate::forward::{
-    Cache, CausalLm, Head, Kernels, LayerCache, ModelError, Trace, check_tokens, embed,
-    every_position_cache_bytes, head_rows, routed_experts, step,
+    Cache, CacheLayout, CausalLm, Head, Kernels, LayerCache, ModelError, Trace, check_tokens,
+    embed, head_rows, routed_experts, step,
 };
 use crate::ops::{self, normed, rms_norm};
 use moek_kernels::Element;
@@ -53,9 +53,14 @@ impl<W: Element> CausalLm for Model<'_, W> {
         self.cfg.max_position_embeddings
     }
 
-    fn cache_bytes(&self, positions: usize) -> u64 {
+    fn cache_layout(&self) -> Vec<CacheLayout> {
         let c = &self.cfg;
-        every_position_cache_bytes(c.layers.len(), positions, c.num_key_value_heads, c.head_dim)
+        let layer = CacheLayout {
+            kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim,
+            keeps: None,
+        };
+        vec![layer; c.layers.len()]
     }
 
     fn check_variant(&self, tokens: usize) -> Result<(), ModelError> {

@@ -12,7 +12,7 @@ use crate::commands::figures::{
 use half::bf16;
 use moek_kernels::ir::BlockFormat;
 use moek_model::checkpoint::{Checkpoint, LoadError};
-use moek_model::forward::{Cache, CausalLm, Head, Kernels, Trace};
+use moek_model::forward::{CausalLm, Head, Kernels, Trace};
 use moek_model::gemma4::model::Model;
 use moek_model::quantized::{Quantize, Scope};
 use std::process::ExitCode;
@@ -397,10 +397,12 @@ fn timed(
     let mut peaks = vec![];
     let mut state = None;
     let (isa, threads) = (moek_cpu::isa(), rayon::current_num_threads());
+    let steps = args.iters.max(3);
     for _ in 0..PREFILL_RUNS {
         peaks.push(isa.peak_gflops_now(threads));
         trace.clear();
-        let mut cache = Cache::default();
+        // Room for the decode steps, as generation makes it.
+        let mut cache = model.cache_for(prompt.len() + steps);
         let start = Instant::now();
         let last = model.forward(&prompt, &mut cache, Head::Last, &mut trace)?;
         prefill.push(start.elapsed().as_secs_f64());
@@ -412,7 +414,6 @@ fn timed(
     let prefill_s = median(prefill.into_iter());
     let moe_prefill_s = median(moe_prefill.into_iter());
     let head_prefill_s = median(head_prefill.into_iter());
-    let steps = args.iters.max(3);
     // Peak memory through prefill, before the step probe's buffer: decode steps add only rows of
     // the KV cache.
     let peak_rss_bytes = peak_rss();
