@@ -55,12 +55,14 @@ impl<W: Element> CausalLm for Model<'_, W> {
 
     fn cache_layout(&self) -> Vec<CacheLayout> {
         let c = &self.cfg;
-        let layer = CacheLayout {
-            kv_heads: c.num_key_value_heads,
-            head_dim: c.head_dim,
-            keeps: None,
-        };
-        vec![layer; c.layers.len()]
+        c.layers
+            .iter()
+            .map(|l| CacheLayout {
+                kv_heads: c.num_key_value_heads,
+                head_dim: c.head_dim,
+                keeps: (*l == LayerType::Sliding).then(|| c.sliding_window.saturating_sub(1)),
+            })
+            .collect()
     }
 
     fn check_variant(&self, tokens: usize) -> Result<(), ModelError> {
@@ -225,6 +227,10 @@ impl<W: Element> Model<'_, W> {
         };
         let sinks = Some(&a.sinks[..]);
         let o = ops::attention::<W>(heads, &q, positions, &cache.k, &cache.v, &cache.pos, sinks);
+        if cfg.layers[i] == LayerType::Sliding {
+            // Keep the last window - 1 positions: all a later query can see besides itself.
+            cache.keep_last(cfg.sliding_window.saturating_sub(1), d);
+        }
         linear(&o, s, &a.o_proj, hd, nh * d)
     }
 }
