@@ -213,7 +213,8 @@ impl CacheLayout {
     }
 }
 
-/// A sequence's state: sliding layers keep the last `window - 1` positions, full layers all.
+/// A sequence's state: sliding layers keep the last `window - 1` positions (and hold up to a
+/// quarter of that more between drops, [`LayerCache::keep_last`]), full layers all.
 #[derive(Clone, Debug, Default)]
 pub struct Cache {
     pub layers: Vec<LayerCache>,
