@@ -201,7 +201,7 @@ pub struct CacheLayout {
 
 impl CacheLayout {
     /// Positions held once `positions` tokens are in: every one, or at most a sliding layer's
-    /// [`LayerCache::keep_last`] keeps with its slack.
+    /// `LayerCache::keep_last` keeps with its slack.
     pub fn held(&self, positions: usize) -> usize {
         self.keeps
             .map_or(positions, |keep| positions.min(keep + slack(keep)))
@@ -214,7 +214,7 @@ impl CacheLayout {
 }
 
 /// A sequence's state: sliding layers keep the last `window - 1` positions (and hold up to a
-/// quarter of that more between drops, [`LayerCache::keep_last`]), full layers all.
+/// quarter of that more between drops, `LayerCache::keep_last`), full layers all.
 #[derive(Clone, Debug, Default)]
 pub struct Cache {
     pub layers: Vec<LayerCache>,
