@@ -157,21 +157,15 @@ impl LayerCache {
         self.pos.extend_from_slice(positions);
     }
 
-    /// Room for `positions` of `kv` heads of `d`, so appending up to them moves nothing.
-    fn reserve(&mut self, kv: usize, d: usize, positions: usize) {
-        self.k.resize(kv, Vec::new());
-        self.v.resize(kv, Vec::new());
-        for x in self.k.iter_mut().chain(&mut self.v) {
-            x.reserve(positions * d - x.len().min(positions * d));
-        }
-        self.pos.reserve(positions - self.pos.len().min(positions));
-    }
-
-    /// Drops all but the last `keep` positions once more than `keep` plus [`slack`] are held:
-    /// a drop moves every kept row to the front, so it runs once per `slack` steps, not every
-    /// step. Attention sees only a sliding layer's window, so the older rows held meanwhile
-    /// change nothing.
-    pub(crate) fn keep_last(&mut self, keep: usize, d: usize) {
+    /// After a forward on a layer whose queries see `window` positions (`None`: all), drops
+    /// all but the last `window - 1` (what a later query sees besides itself) once more than
+    /// that plus [`slack`] are held: a drop moves every kept row to the front, so it runs once
+    /// per `slack` steps, not every step. Attention sees only the window, so the older rows
+    /// held meanwhile change nothing.
+    pub(crate) fn keep_window(&mut self, window: Option<usize>, d: usize) {
+        let Some(keep) = window.map(kept) else {
+            return;
+        };
         if self.pos.len() <= keep + slack(keep) {
             return;
         }
@@ -183,6 +177,11 @@ impl LayerCache {
     }
 }
 
+/// Positions a sliding layer keeps for later queries: its window less the query's own.
+fn kept(window: usize) -> usize {
+    window.saturating_sub(1)
+}
+
 /// Positions a sliding layer holds past the `keep` it needs before it drops the oldest: a
 /// quarter of them, so dropping moves a layer's cache once per `keep / 4` decode steps.
 fn slack(keep: usize) -> usize {
@@ -190,20 +189,21 @@ fn slack(keep: usize) -> usize {
 }
 
 /// One layer's KV cache as its family lays it out: KV heads of `head_dim` f32s for keys and
-/// values, and for a sliding layer the positions later queries need (its window less one).
+/// values, and the positions its queries see.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CacheLayout {
     pub kv_heads: usize,
     pub head_dim: usize,
-    /// `None`: every position is kept.
-    pub keeps: Option<usize>,
+    /// A sliding layer's window, its query's own position included; `None`: every position.
+    pub window: Option<usize>,
 }
 
 impl CacheLayout {
-    /// Positions held once `positions` tokens are in: every one, or at most a sliding layer's
-    /// `LayerCache::keep_last` keeps with its slack.
+    /// Positions held once `positions` tokens are in: every one, or at most what a sliding
+    /// layer keeps with its slack (`LayerCache::keep_window`).
     pub fn held(&self, positions: usize) -> usize {
-        self.keeps
+        self.window
+            .map(kept)
             .map_or(positions, |keep| positions.min(keep + slack(keep)))
     }
 
@@ -214,7 +214,7 @@ impl CacheLayout {
 }
 
 /// A sequence's state: sliding layers keep the last `window - 1` positions (and hold up to a
-/// quarter of that more between drops, `LayerCache::keep_last`), full layers all.
+/// quarter of that more between drops, `LayerCache::keep_window`), full layers all.
 #[derive(Clone, Debug, Default)]
 pub struct Cache {
     pub layers: Vec<LayerCache>,
@@ -230,10 +230,19 @@ impl Cache {
         let layers = layout
             .iter()
             .map(|l| {
-                let mut cache = LayerCache::default();
                 // One step's row beyond what is held: it is appended before the drop.
-                cache.reserve(l.kv_heads, l.head_dim, l.held(positions) + 1);
-                cache
+                let room = l.held(positions) + 1;
+                // (Not `vec![..; n]`: its clones of an empty `Vec` have no capacity.)
+                let rows = || {
+                    (0..l.kv_heads)
+                        .map(|_| Vec::with_capacity(room * l.head_dim))
+                        .collect()
+                };
+                LayerCache {
+                    k: rows(),
+                    v: rows(),
+                    pos: Vec::with_capacity(room),
+                }
             })
             .collect();
         Cache { layers, len: 0 }

@@ -608,8 +608,7 @@ mod tests {
             heads: cfg.num_attention_heads,
             kv_heads: layer.num_key_value_heads,
             head_dim: layer.head_dim,
-            window: (layer.attention == crate::gemma4::config::Attention::Sliding)
-                .then_some(cfg.sliding_window),
+            window: cfg.window(layer),
         }
     }
 

@@ -67,6 +67,11 @@ pub struct Config {
 }
 
 impl Config {
+    /// Positions a query of `layer` sees, its own included: the sliding window, or `None` (all).
+    pub fn window(&self, layer: &Layer) -> Option<usize> {
+        (layer.attention == Attention::Sliding).then_some(self.sliding_window)
+    }
+
     /// Reads `dir/config.json`.
     pub fn load(dir: &Path) -> Result<Config, ConfigError> {
         Config::from_json(&crate::config::read(dir)?)

@@ -1,7 +1,7 @@
 //! One Gemma-4 decoder layer (docs/gemma4.md): attention, the dense MLP, and the MoE block
 //! beside it (router on the CPU, experts through dispatch).
 
-use super::config::{Attention, Moe};
+use super::config::Moe;
 use super::model::Model;
 use super::weights::{DecoderLayer, MoeBlock};
 use crate::forward::{LayerCache, ModelError, Trace, dense_mlp, routed_experts};
@@ -163,13 +163,10 @@ impl<W: Element> Model<'_, W> {
             heads: nh,
             kv_heads: kv,
             head_dim: d,
-            window: (layer.attention == Attention::Sliding).then_some(cfg.sliding_window),
+            window: cfg.window(layer),
         };
         let o = ops::attention::<W>(shape, &q, positions, &cache.k, &cache.v, &cache.pos, None);
-        if layer.attention == Attention::Sliding {
-            // Keep the last window - 1 positions: all a later query can see besides itself.
-            cache.keep_last(cfg.sliding_window.saturating_sub(1), d);
-        }
+        cache.keep_window(shape.window, d);
         linear(&o, s, &lw.self_attn.o_proj, hd, nh * d)
     }
 }

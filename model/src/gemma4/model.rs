@@ -45,7 +45,6 @@ impl<W: Element> CausalLm for Model<'_, W> {
         self.cfg.max_position_embeddings
     }
 
-    /// Full layers keep every position, sliding ones the last `sliding_window - 1`.
     fn cache_layout(&self) -> Vec<CacheLayout> {
         let cfg = &self.cfg;
         cfg.layers
@@ -53,8 +52,7 @@ impl<W: Element> CausalLm for Model<'_, W> {
             .map(|l| CacheLayout {
                 kv_heads: l.num_key_value_heads,
                 head_dim: l.head_dim,
-                keeps: (l.attention == super::config::Attention::Sliding)
-                    .then(|| cfg.sliding_window.saturating_sub(1)),
+                window: cfg.window(l),
             })
             .collect()
     }

@@ -88,6 +88,12 @@ pub struct Config {
 }
 
 impl Config {
+    /// Positions a query of layer `i` sees, its own included: the sliding window, or `None`
+    /// (all).
+    pub fn window(&self, i: usize) -> Option<usize> {
+        (self.layers[i] == LayerType::Sliding).then_some(self.sliding_window)
+    }
+
     /// The expert FFN every layer dispatches for `t` tokens.
     pub fn moe_shape(&self, t: usize) -> moek_kernels::Shape {
         let m = self.moe;

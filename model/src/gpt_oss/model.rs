@@ -6,7 +6,7 @@
 //! layer with a bias; its top-k logits are softmaxed among themselves. The experts are clamped
 //! SwiGLU with biases on gate/up and down.
 
-use super::config::{Config, LayerType};
+use super::config::Config;
 use super::weights::{DecoderLayer, Linear, Mlp, Weights};
 use crate::forward::{
     Cache, CacheLayout, CausalLm, Head, Kernels, LayerCache, ModelError, Trace, check_tokens,
@@ -55,12 +55,11 @@ impl<W: Element> CausalLm for Model<'_, W> {
 
     fn cache_layout(&self) -> Vec<CacheLayout> {
         let c = &self.cfg;
-        c.layers
-            .iter()
-            .map(|l| CacheLayout {
+        (0..c.layers.len())
+            .map(|i| CacheLayout {
                 kv_heads: c.num_key_value_heads,
                 head_dim: c.head_dim,
-                keeps: (*l == LayerType::Sliding).then(|| c.sliding_window.saturating_sub(1)),
+                window: c.window(i),
             })
             .collect()
     }
@@ -223,14 +222,11 @@ impl<W: Element> Model<'_, W> {
             heads: nh,
             kv_heads: kv,
             head_dim: d,
-            window: (cfg.layers[i] == LayerType::Sliding).then_some(cfg.sliding_window),
+            window: cfg.window(i),
         };
         let sinks = Some(&a.sinks[..]);
         let o = ops::attention::<W>(heads, &q, positions, &cache.k, &cache.v, &cache.pos, sinks);
-        if cfg.layers[i] == LayerType::Sliding {
-            // Keep the last window - 1 positions: all a later query can see besides itself.
-            cache.keep_last(cfg.sliding_window.saturating_sub(1), d);
-        }
+        cache.keep_window(heads.window, d);
         linear(&o, s, &a.o_proj, hd, nh * d)
     }
 }

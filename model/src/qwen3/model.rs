@@ -52,7 +52,7 @@ impl<W: Element> CausalLm for Model<'_, W> {
         let layer = CacheLayout {
             kv_heads: c.num_key_value_heads,
             head_dim: c.head_dim,
-            keeps: None,
+            window: None,
         };
         vec![layer; c.layers.len()]
     }

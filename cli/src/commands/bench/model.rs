@@ -564,10 +564,7 @@ impl Work {
             prefill_bytes += dense * dense_bytes;
             prefill_flops += 2.0 * st * dense;
             // Causal: query i sees i + 1 keys, at most the window on sliding layers.
-            let window = match l.attention {
-                moek_model::gemma4::config::Attention::Sliding => cfg.sliding_window,
-                _ => usize::MAX,
-            };
+            let window = cfg.window(l).unwrap_or(usize::MAX);
             let visible: f64 = (0..s).map(|i| (i + 1).min(window) as f64).sum();
             prefill_flops += 2.0 * 2.0 * nh * d * visible;
             decode_bytes += cache_bytes(s.min(window), kv, d);
@@ -617,11 +614,8 @@ impl Work {
         let head = cfg.vocab_size as f64 * h;
         let mut prefill_flops = 2.0 * head;
         let mut cache = 0.0;
-        for l in &cfg.layers {
-            let window = match l {
-                moek_model::gpt_oss::config::LayerType::Sliding => cfg.sliding_window,
-                moek_model::gpt_oss::config::LayerType::Full => usize::MAX,
-            };
+        for layer in 0..cfg.layers.len() {
+            let window = cfg.window(layer).unwrap_or(usize::MAX);
             let visible: f64 = (0..s).map(|i| (i + 1).min(window) as f64).sum();
             prefill_flops += 2.0 * st * (attention + experts + router) + 4.0 * nh * d * visible;
             cache += cache_bytes(s.min(window), kv, d);
