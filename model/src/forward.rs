@@ -6,10 +6,12 @@ use crate::ops::to_w;
 use crate::quantized::{DenseMlp, Stored};
 use moek_kernels::backend::Uploaded;
 use moek_kernels::dispatch::{self, Backend, Choice, DispatchError};
+use moek_kernels::ir::DType;
 use moek_kernels::ir::Target;
 use moek_kernels::ir::reference::Biases;
 use moek_kernels::ir::{Activation, Function};
 use moek_kernels::{Element, Inputs, Registry, Shape};
+use std::any::{Any, TypeId};
 use std::sync::Arc;
 use thiserror::Error;
 
@@ -124,9 +126,119 @@ pub enum Head {
 /// keys (and values) are one `[n, d]` run, so attention streams a head's cache front to back.
 #[derive(Clone, Debug, Default)]
 pub struct LayerCache {
-    pub k: Vec<Vec<f32>>,
-    pub v: Vec<Vec<f32>>,
+    pub k: Runs,
+    pub v: Runs,
     pub pos: Vec<usize>,
+}
+
+/// One layer's keys (or values): each KV head's `[n, d]` run in the model's type, the values
+/// attention multiplies. A 16-bit model's cache holds half the bytes an f32 one would, and its
+/// decode steps read half as much.
+#[derive(Clone, Debug)]
+pub enum Runs {
+    F32(Vec<Vec<f32>>),
+    F16(Vec<Vec<half::f16>>),
+    Bf16(Vec<Vec<half::bf16>>),
+}
+
+impl Default for Runs {
+    fn default() -> Runs {
+        Runs::F32(Vec::new())
+    }
+}
+
+impl Runs {
+    /// `kv` empty runs of `dtype` (a plain type), each with room for `values` values.
+    pub fn with_room(dtype: DType, kv: usize, values: usize) -> Runs {
+        // (Not `vec![..; n]`: its clones of an empty `Vec` have no capacity.)
+        fn runs<T>(kv: usize, values: usize) -> Vec<Vec<T>> {
+            (0..kv).map(|_| Vec::with_capacity(values)).collect()
+        }
+        match dtype {
+            DType::F32 => Runs::F32(runs(kv, values)),
+            DType::F16 => Runs::F16(runs(kv, values)),
+            DType::Bf16 => Runs::Bf16(runs(kv, values)),
+            d => unreachable!("a KV cache holds a plain type, not {d}"),
+        }
+    }
+
+    /// The runs as `W`'s. Panics where they hold another type's values (a cache is one
+    /// model's); none held reads as none of any type.
+    pub fn heads<W: Element>(&self) -> &[Vec<W>] {
+        let any: &dyn Any = match self {
+            Runs::F32(r) => r,
+            Runs::F16(r) => r,
+            Runs::Bf16(r) => r,
+        };
+        match any.downcast_ref::<Vec<Vec<W>>>() {
+            Some(r) => r,
+            None if self.is_empty() => &[],
+            None => panic!("a KV cache of {self:?} read as {:?}", W::KIND),
+        }
+    }
+
+    /// [`Runs::heads`] to append to: runs of another type holding nothing become `W`'s.
+    fn heads_mut<W: Element>(&mut self) -> &mut Vec<Vec<W>> {
+        if !self.holds::<W>() {
+            assert!(
+                self.is_empty(),
+                "a KV cache of {self:?} appended as {:?}",
+                W::KIND
+            );
+            *self = Runs::with_room(W::DTYPE, 0, 0);
+        }
+        let any: &mut dyn Any = match self {
+            Runs::F32(r) => r,
+            Runs::F16(r) => r,
+            Runs::Bf16(r) => r,
+        };
+        any.downcast_mut().expect("the runs were made W's")
+    }
+
+    /// Whether the runs are `W`'s.
+    fn holds<W: Element>(&self) -> bool {
+        let id = TypeId::of::<Vec<Vec<W>>>();
+        match self {
+            Runs::F32(r) => (r as &dyn Any).type_id() == id,
+            Runs::F16(r) => (r as &dyn Any).type_id() == id,
+            Runs::Bf16(r) => (r as &dyn Any).type_id() == id,
+        }
+    }
+
+    /// Whether no run holds a value.
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Runs::F32(r) => r.iter().all(Vec::is_empty),
+            Runs::F16(r) => r.iter().all(Vec::is_empty),
+            Runs::Bf16(r) => r.iter().all(Vec::is_empty),
+        }
+    }
+
+    /// Drops each run's first `values` values.
+    fn drop_front(&mut self, values: usize) {
+        fn drop<T>(runs: &mut [Vec<T>], values: usize) {
+            for r in runs {
+                r.drain(..values);
+            }
+        }
+        match self {
+            Runs::F32(r) => drop(r, values),
+            Runs::F16(r) => drop(r, values),
+            Runs::Bf16(r) => drop(r, values),
+        }
+    }
+
+    /// Where each run's values start (they move only when a run outgrows its room).
+    pub fn addresses(&self) -> Vec<*const u8> {
+        fn at<T>(runs: &[Vec<T>]) -> Vec<*const u8> {
+            runs.iter().map(|r| r.as_ptr().cast()).collect()
+        }
+        match self {
+            Runs::F32(r) => at(r),
+            Runs::F16(r) => at(r),
+            Runs::Bf16(r) => at(r),
+        }
+    }
 }
 
 impl LayerCache {
@@ -140,19 +252,15 @@ impl LayerCache {
         kv: usize,
         d: usize,
     ) {
-        self.k.resize(kv, Vec::new());
-        self.v.resize(kv, Vec::new());
-        for t in 0..positions.len() {
-            for g in 0..kv {
-                let at = (t * kv + g) * d..(t * kv + g + 1) * d;
-                self.k[g].extend_from_slice(&k[at.clone()]);
-                self.v[g].extend_from_slice(&v[at]);
+        for (runs, rows) in [(&mut self.k, k), (&mut self.v, v)] {
+            let heads = runs.heads_mut::<W>();
+            heads.resize(kv, Vec::new());
+            for t in 0..positions.len() {
+                for (g, head) in heads.iter_mut().enumerate() {
+                    let at = (t * kv + g) * d;
+                    head.extend(rows[at..at + d].iter().map(|&x| W::from_f32(x)));
+                }
             }
-        }
-        let new = positions.len() * d;
-        for x in self.k.iter_mut().chain(&mut self.v) {
-            let from = x.len() - new;
-            crate::ops::round_to::<W>(&mut x[from..]);
         }
         self.pos.extend_from_slice(positions);
     }
@@ -171,9 +279,8 @@ impl LayerCache {
         }
         let drop = self.pos.len() - keep;
         self.pos.drain(..drop);
-        for x in self.k.iter_mut().chain(&mut self.v) {
-            x.drain(..drop * d);
-        }
+        self.k.drop_front(drop * d);
+        self.v.drop_front(drop * d);
     }
 }
 
@@ -188,12 +295,13 @@ fn slack(keep: usize) -> usize {
     (keep / 4).max(1)
 }
 
-/// One layer's KV cache as its family lays it out: KV heads of `head_dim` f32s for keys and
-/// values, and the positions its queries see.
+/// One layer's KV cache as its family lays it out: KV heads of `head_dim` values of `dtype`
+/// (the model's type) for keys and values, and the positions its queries see.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CacheLayout {
     pub kv_heads: usize,
     pub head_dim: usize,
+    pub dtype: DType,
     /// A sliding layer's window, its query's own position included; `None`: every position.
     pub window: Option<usize>,
 }
@@ -209,7 +317,7 @@ impl CacheLayout {
 
     /// Bytes held once `positions` tokens are in.
     pub fn bytes(&self, positions: usize) -> u64 {
-        (self.held(positions) * self.kv_heads * self.head_dim * 2 * size_of::<f32>()) as u64
+        (self.held(positions) * self.kv_heads * self.head_dim * 2 * self.dtype.bytes()) as u64
     }
 }
 
@@ -232,15 +340,10 @@ impl Cache {
             .map(|l| {
                 // One step's row beyond what is held: it is appended before the drop.
                 let room = l.held(positions) + 1;
-                // (Not `vec![..; n]`: its clones of an empty `Vec` have no capacity.)
-                let rows = || {
-                    (0..l.kv_heads)
-                        .map(|_| Vec::with_capacity(room * l.head_dim))
-                        .collect()
-                };
+                let runs = || Runs::with_room(l.dtype, l.kv_heads, room * l.head_dim);
                 LayerCache {
-                    k: rows(),
-                    v: rows(),
+                    k: runs(),
+                    v: runs(),
                     pos: Vec::with_capacity(room),
                 }
             })
@@ -631,4 +734,44 @@ fn traced(
         uploaded,
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+
+    /// A bf16 model's cache holds bf16: the values attention multiplies (each rounded once, as
+    /// the f32 cache rounded them before), in half the bytes an f32 one takes, the layout's
+    /// count saying so; read as another type it panics rather than reinterpret.
+    #[test]
+    fn a_cache_holds_the_models_type() {
+        let layout = |dtype| CacheLayout {
+            kv_heads: 2,
+            head_dim: 4,
+            dtype,
+            window: None,
+        };
+        assert_eq!(
+            2 * layout(DType::Bf16).bytes(10),
+            layout(DType::F32).bytes(10)
+        );
+        let mut cache = Cache::with_room(&[layout(DType::Bf16)], 3);
+        let rows: Vec<f32> = (0..16).map(|i| 1.0 + i as f32 / 1000.0).collect();
+        let layer = &mut cache.layers[0];
+        layer.append::<bf16>(&rows, &rows, &[0, 1], 2, 4);
+        let k = layer.k.heads::<bf16>();
+        assert_eq!(k.len(), 2);
+        // Head 1 of position 1 is rows 12..16.
+        let want: Vec<bf16> = rows[12..16].iter().map(|&x| bf16::from_f32(x)).collect();
+        assert_eq!(&k[1][4..], &want[..]);
+        assert!(matches!(layer.v, Runs::Bf16(_)));
+        let read = std::panic::catch_unwind(|| cache.layers[0].k.heads::<f32>().len());
+        assert!(read.is_err(), "bf16 runs read as f32");
+        // A fresh default cache takes the type of its first rows.
+        let mut fresh = LayerCache::default();
+        fresh.append::<bf16>(&rows[..8], &rows[..8], &[0], 2, 4);
+        assert!(matches!(fresh.k, Runs::Bf16(_)));
+        assert_eq!(fresh.k.heads::<bf16>()[0].len(), 4);
+    }
 }

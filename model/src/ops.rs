@@ -285,8 +285,8 @@ pub fn attention<W: Element>(
     shape: Heads,
     q: &[f32],
     qpos: &[usize],
-    k: &[Vec<f32>],
-    v: &[Vec<f32>],
+    k: &[Vec<W>],
+    v: &[Vec<W>],
     kpos: &[usize],
     sinks: Option<&[f32]>,
 ) -> Vec<f32> {
@@ -310,19 +310,17 @@ pub fn attention<W: Element>(
             .map_or(0, |w| kpos.partition_point(|&kp| kp + w <= p));
         (first, kpos.partition_point(|&kp| kp <= p))
     };
-    // A prompt's GEMM operands, once a call: each KV head's keys in `W`, and its values
-    // transposed (`[d, n]`) in `W`.
-    let gemm: Option<Vec<(Vec<W>, Vec<W>)>> = (s >= moek_cpu::gemm::STREAM_ROWS).then(|| {
-        k.par_iter()
-            .zip(v)
-            .map(|(kg, vg)| {
-                let mut t = vec![W::from_f32(0.0); d * n];
+    // A prompt's GEMM operand, once a call: each KV head's values transposed (`[d, n]`).
+    let gemm: Option<Vec<Vec<W>>> = (s >= moek_cpu::gemm::STREAM_ROWS).then(|| {
+        v.par_iter()
+            .map(|vg| {
+                let mut t = vec![W::default(); d * n];
                 for (j, row) in vg.chunks(d).enumerate() {
                     for (dd, &x) in row.iter().enumerate() {
-                        t[dd * n + j] = W::from_f32(x);
+                        t[dd * n + j] = x;
                     }
                 }
-                (to_w::<W>(kg), t)
+                t
             })
             .collect()
     });
@@ -352,16 +350,8 @@ pub fn attention<W: Element>(
             let w = nv - lo;
             // The thread's scratch: the next task reuses these pages.
             let mut sc = moek_cpu::Scratch::<f32>::zeroed(rows * w);
-            match &gemm {
-                Some(ops) => {
-                    let qw = to_w::<W>(&qg);
-                    moek_cpu::gemm_nt(&qw, d, &ops[g].0, d, &mut sc, nv, rows, nv, d);
-                }
-                None => {
-                    round_to::<W>(&mut qg);
-                    moek_cpu::gemm_nt(&qg, d, &k[g][lo * d..], d, &mut sc, w, rows, w, d);
-                }
-            }
+            let qw = to_w::<W>(&qg);
+            moek_cpu::gemm_nt(&qw, d, &k[g][lo * d..], d, &mut sc, w, rows, w, d);
             let sink = |r: usize| sinks.map(|s| s[g * group + r % group]);
             let mut o = vec![0f32; rows * d];
             match &gemm {
@@ -372,7 +362,7 @@ pub fn attention<W: Element>(
                         let (first, end) = seen(qpos[q0 + r / group]);
                         softmax_into(&mut row[first..end], sink(r), &mut p[first..end]);
                     }
-                    moek_cpu::gemm_nt(&pw, nv, &ops[g].1, n, &mut o, d, rows, d, nv);
+                    moek_cpu::gemm_nt(&pw, nv, &ops[g], n, &mut o, d, rows, d, nv);
                 }
                 None => {
                     for (r, row) in sc.chunks_mut(w).enumerate() {
@@ -613,12 +603,12 @@ mod tests {
     }
 
     /// The first `n` positions of `x` (`[positions, kv, d]`) by KV head, as the cache holds them.
-    fn by_head(x: &[f32], shape: Heads, n: usize) -> Vec<Vec<f32>> {
+    fn by_head<W: Element>(x: &[f32], shape: Heads, n: usize) -> Vec<Vec<W>> {
         let (kv, d) = (shape.kv_heads, shape.head_dim);
         (0..kv)
             .map(|g| {
                 (0..n)
-                    .flat_map(|j| x[(j * kv + g) * d..][..d].to_vec())
+                    .flat_map(|j| x[(j * kv + g) * d..][..d].iter().map(|&v| W::from_f32(v)))
                     .collect()
             })
             .collect()
@@ -679,11 +669,14 @@ mod tests {
             let k = round((0..n * kv * d).map(|i| val(i, 2)).collect());
             let v = round((0..n * kv * d).map(|i| val(i, 3)).collect());
             let vmax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
-            let (kh, vh) = (by_head(&k, shape, n), by_head(&v, shape, n));
+            let (kh, vh) = (by_head::<bf16>(&k, shape, n), by_head(&v, shape, n));
             let prompt = attention::<bf16>(shape, &q, &pos, &kh, &vh, &pos, None);
             let want = attention_f64(shape, &q, &pos, &k, &v, &pos);
             for (i, row) in prompt.chunks(heads * d).enumerate() {
-                let (kh, vh) = (by_head(&k, shape, i + 1), by_head(&v, shape, i + 1));
+                let (kh, vh) = (
+                    by_head::<bf16>(&k, shape, i + 1),
+                    by_head(&v, shape, i + 1),
+                );
                 let qi = &q[i * heads * d..][..heads * d];
                 let alone = attention::<bf16>(shape, qi, &pos[i..=i], &kh, &vh, &pos[..=i], None);
                 for ((a, b), w) in row.iter().zip(&alone).zip(&want[i * heads * d..]) {

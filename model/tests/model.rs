@@ -44,7 +44,7 @@ fn decoding_with_the_cache_matches_a_full_forward() {
     );
     assert_eq!(cache.layers[1].pos.len(), 5, "a full layer keeps all");
     // The room made for the whole sequence: no step moves a layer's rows to new memory.
-    let rows = |c: &Cache| [c.layers[0].k[0].as_ptr(), c.layers[1].v[0].as_ptr()];
+    let rows = |c: &Cache| [c.layers[0].k.addresses(), c.layers[1].v.addresses()];
     let before = rows(&cache);
     for n in 5..PROMPT.len() {
         let step = m

@@ -258,22 +258,29 @@ fn add_chains(c: [__m256; CHAINS]) -> __m256 {
     _mm256_add_ps(_mm256_add_ps(c[0], c[1]), _mm256_add_ps(c[2], c[3]))
 }
 
-/// `y[i] += a * x[i]` (lengths equal, checked by the caller); full-width stores, the tail
-/// element by element with the same fused multiply-add.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+/// `y[i] += a * x[i]`, `x` (`n` elements of kind `K`, as many as `y` holds: checked by the
+/// caller) widened on load; full-width stores, the tail through a buffer with the same fused
+/// multiply-add.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn axpy<const K: u8>(a: f32, xp: *const u8, n: usize, y: &mut [f32]) {
     let av = _mm256_set1_ps(a);
-    let full = x.len() / LANES * LANES;
-    let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());
-    // SAFETY: `i + 8 <= full <= len` in the loop.
+    let (size, yp) = (size_of_kind(K), y.as_mut_ptr());
+    // SAFETY: the caller passes `n` elements of kind `K` at `xp` and `n` f32s in `y`; `i + 8
+    // <= n` in the loop, and the tail reads its `n - i` only.
     unsafe {
-        for i in (0..full).step_by(LANES) {
-            let v = _mm256_fmadd_ps(av, _mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(yp.add(i)));
-            _mm256_storeu_ps(yp.add(i), v);
+        let mut i = 0;
+        while i < n {
+            let x = load_n::<K>(xp.add(i * size), n - i);
+            let v = _mm256_fmadd_ps(av, x, load_n::<F32>(yp.add(i).cast(), n - i));
+            if n - i >= LANES {
+                _mm256_storeu_ps(yp.add(i), v);
+            } else {
+                let mut buf = [0f32; LANES];
+                _mm256_storeu_ps(buf.as_mut_ptr(), v);
+                y[i..].copy_from_slice(&buf[..n - i]);
+            }
+            i += LANES;
         }
-    }
-    for i in full..x.len() {
-        y[i] = a.mul_add(x[i], y[i]);
     }
 }
 

@@ -90,19 +90,28 @@ proptest! {
         check::<bf16>(&a, &b);
     }
 
-    /// One multiply-add per element: at most two f32 roundings (product, then sum; one where it
-    /// is fused), each half a unit in the last place of at most twice the larger magnitude.
+    /// One multiply-add per element, `x` in each plain type (widened exactly): at most two f32
+    /// roundings (product, then sum; one where it is fused), each half a unit in the last
+    /// place of at most twice the larger magnitude.
     #[test]
     fn axpy_matches_f64(a in -4f32..4.0, v in prop::collection::vec((-1f32..1.0, -1f32..1.0), 0..100)) {
         let (x, y0): (Vec<f32>, Vec<f32>) = v.into_iter().unzip();
-        let mut y = y0.clone();
-        axpy(a, &x, &mut y);
-        for i in 0..x.len() {
-            let want = f64::from(y0[i]) + f64::from(a) * f64::from(x[i]);
-            let scale = f64::from(y0[i]).abs().max((f64::from(a) * f64::from(x[i])).abs());
-            prop_assert!((f64::from(y[i]) - want).abs() <= scale * 2f64.powi(-22) + 2f64.powi(-126),
-                "axpy [{i}]: {} vs {want}", y[i]);
+        fn check<W: Element>(a: f32, x: &[f32], y0: &[f32]) -> Result<(), TestCaseError> {
+            let xw: Vec<W> = x.iter().map(|&v| W::from_f32(v)).collect();
+            let mut y = y0.to_vec();
+            axpy(a, &xw, &mut y);
+            for i in 0..x.len() {
+                let xi = f64::from(xw[i].to_f32());
+                let want = f64::from(y0[i]) + f64::from(a) * xi;
+                let scale = f64::from(y0[i]).abs().max((f64::from(a) * xi).abs());
+                prop_assert!((f64::from(y[i]) - want).abs() <= scale * 2f64.powi(-22) + 2f64.powi(-126),
+                    "axpy of {:?} [{i}]: {} vs {want}", W::KIND, y[i]);
+            }
+            Ok(())
         }
+        check::<f32>(a, &x, &y0)?;
+        check::<f16>(a, &x, &y0)?;
+        check::<bf16>(a, &x, &y0)?;
     }
 
     #[test]

@@ -165,7 +165,15 @@ impl<W: Element> Model<'_, W> {
             head_dim: d,
             window: cfg.window(layer),
         };
-        let o = ops::attention::<W>(shape, &q, positions, &cache.k, &cache.v, &cache.pos, None);
+        let o = ops::attention::<W>(
+            shape,
+            &q,
+            positions,
+            cache.k.heads(),
+            cache.v.heads(),
+            &cache.pos,
+            None,
+        );
         cache.keep_window(shape.window, d);
         linear(&o, s, &lw.self_attn.o_proj, hd, nh * d)
     }

@@ -52,6 +52,7 @@ impl<W: Element> CausalLm for Model<'_, W> {
             .map(|l| CacheLayout {
                 kv_heads: l.num_key_value_heads,
                 head_dim: l.head_dim,
+                dtype: W::DTYPE,
                 window: cfg.window(l),
             })
             .collect()

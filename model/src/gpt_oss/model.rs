@@ -59,6 +59,7 @@ impl<W: Element> CausalLm for Model<'_, W> {
             .map(|i| CacheLayout {
                 kv_heads: c.num_key_value_heads,
                 head_dim: c.head_dim,
+                dtype: W::DTYPE,
                 window: c.window(i),
             })
             .collect()
@@ -225,7 +226,15 @@ impl<W: Element> Model<'_, W> {
             window: cfg.window(i),
         };
         let sinks = Some(&a.sinks[..]);
-        let o = ops::attention::<W>(heads, &q, positions, &cache.k, &cache.v, &cache.pos, sinks);
+        let o = ops::attention::<W>(
+            heads,
+            &q,
+            positions,
+            cache.k.heads(),
+            cache.v.heads(),
+            &cache.pos,
+            sinks,
+        );
         cache.keep_window(heads.window, d);
         linear(&o, s, &a.o_proj, hd, nh * d)
     }

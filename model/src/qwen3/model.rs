@@ -52,6 +52,7 @@ impl<W: Element> CausalLm for Model<'_, W> {
         let layer = CacheLayout {
             kv_heads: c.num_key_value_heads,
             head_dim: c.head_dim,
+            dtype: W::DTYPE,
             window: None,
         };
         vec![layer; c.layers.len()]
@@ -243,7 +244,15 @@ impl<W: Element> Model<'_, W> {
             head_dim: d,
             window: None,
         };
-        let o = ops::attention::<W>(heads, &q, positions, &cache.k, &cache.v, &cache.pos, None);
+        let o = ops::attention::<W>(
+            heads,
+            &q,
+            positions,
+            cache.k.heads(),
+            cache.v.heads(),
+            &cache.pos,
+            None,
+        );
         linear(&o, s, &a.o_proj, hd, nh * d)
     }
 }
