@@ -265,6 +265,19 @@ impl LayerCache {
         self.pos.extend_from_slice(positions);
     }
 
+    /// Attention of queries `q` at `positions` over the keys and values held
+    /// ([`crate::ops::attention`]).
+    pub(crate) fn attend<W: Element>(
+        &self,
+        shape: crate::ops::Heads,
+        q: &[f32],
+        positions: &[usize],
+        sinks: Option<&[f32]>,
+    ) -> Vec<f32> {
+        let (k, v) = (self.k.heads::<W>(), self.v.heads::<W>());
+        crate::ops::attention::<W>(shape, q, positions, k, v, &self.pos, sinks)
+    }
+
     /// After a forward on a layer whose queries see `window` positions (`None`: all), drops
     /// all but the last `window - 1` (what a later query sees besides itself) once more than
     /// that plus [`slack`] are held: a drop moves every kept row to the front, so it runs once

@@ -673,10 +673,7 @@ mod tests {
             let prompt = attention::<bf16>(shape, &q, &pos, &kh, &vh, &pos, None);
             let want = attention_f64(shape, &q, &pos, &k, &v, &pos);
             for (i, row) in prompt.chunks(heads * d).enumerate() {
-                let (kh, vh) = (
-                    by_head::<bf16>(&k, shape, i + 1),
-                    by_head(&v, shape, i + 1),
-                );
+                let (kh, vh) = (by_head::<bf16>(&k, shape, i + 1), by_head(&v, shape, i + 1));
                 let qi = &q[i * heads * d..][..heads * d];
                 let alone = attention::<bf16>(shape, qi, &pos[i..=i], &kh, &vh, &pos[..=i], None);
                 for ((a, b), w) in row.iter().zip(&alone).zip(&want[i * heads * d..]) {

@@ -165,15 +165,7 @@ impl<W: Element> Model<'_, W> {
             head_dim: d,
             window: cfg.window(layer),
         };
-        let o = ops::attention::<W>(
-            shape,
-            &q,
-            positions,
-            cache.k.heads(),
-            cache.v.heads(),
-            &cache.pos,
-            None,
-        );
+        let o = cache.attend::<W>(shape, &q, positions, None);
         cache.keep_window(shape.window, d);
         linear(&o, s, &lw.self_attn.o_proj, hd, nh * d)
     }

@@ -226,15 +226,7 @@ impl<W: Element> Model<'_, W> {
             window: cfg.window(i),
         };
         let sinks = Some(&a.sinks[..]);
-        let o = ops::attention::<W>(
-            heads,
-            &q,
-            positions,
-            cache.k.heads(),
-            cache.v.heads(),
-            &cache.pos,
-            sinks,
-        );
+        let o = cache.attend::<W>(heads, &q, positions, sinks);
         cache.keep_window(heads.window, d);
         linear(&o, s, &a.o_proj, hd, nh * d)
     }

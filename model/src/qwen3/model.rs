@@ -244,15 +244,7 @@ impl<W: Element> Model<'_, W> {
             head_dim: d,
             window: None,
         };
-        let o = ops::attention::<W>(
-            heads,
-            &q,
-            positions,
-            cache.k.heads(),
-            cache.v.heads(),
-            &cache.pos,
-            None,
-        );
+        let o = cache.attend::<W>(heads, &q, positions, None);
         linear(&o, s, &a.o_proj, hd, nh * d)
     }
 }
