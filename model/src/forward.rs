@@ -755,8 +755,8 @@ mod tests {
     use half::bf16;
 
     /// A bf16 model's cache holds bf16: the values attention multiplies (each rounded once, as
-    /// the f32 cache rounded them before), in half the bytes an f32 one takes, the layout's
-    /// count saying so; read as another type it panics rather than reinterpret.
+    /// it goes in), in half the bytes an f32 one takes, the layout's count saying so; read as
+    /// another type it panics rather than reinterpret.
     #[test]
     fn a_cache_holds_the_models_type() {
         let layout = |dtype| CacheLayout {

@@ -269,10 +269,11 @@ impl Rotation {
 /// `[s, heads * d]`.
 ///
 /// The products multiply operands in the model's type `W`, as the model's own framework does
-/// in that type: the queries and the probabilities are rounded to `W` here, the keys and values
-/// where the cache takes them ([`round_to`]); the sums are f32. So a bf16 model's prompt runs
-/// its attention on the bf16 GEMM tiles (AMX where present), and its decode multiplies the same
-/// rounded values in f32 (exact products either way: the two differ by summation order only).
+/// in that type: the queries and the probabilities are rounded to `W` here, and the cache holds
+/// the keys and values in `W`; the sums are f32. So a bf16 model's prompt runs its attention on
+/// the bf16 GEMM tiles (AMX where present), and its decode multiplies the same values, the
+/// probabilities' value sums widened to f32 (exact products either way: the two differ by
+/// summation order only).
 ///
 /// Work goes by KV head and block of query rows, so the heads sharing a KV head read its keys
 /// and values once, as one contiguous run: the block's query rows of all those heads are one
