@@ -11,7 +11,7 @@ use moek_kernels::ir::Target;
 use moek_kernels::ir::reference::Biases;
 use moek_kernels::ir::{Activation, Function};
 use moek_kernels::{Element, Inputs, Registry, Shape};
-use std::any::{Any, TypeId};
+use std::any::Any;
 use std::sync::Arc;
 use thiserror::Error;
 
@@ -147,6 +147,17 @@ impl Default for Runs {
     }
 }
 
+/// `$body` with `$r` bound to `$runs`' heads, whichever type they hold.
+macro_rules! each {
+    ($runs:expr, $r:ident => $body:expr) => {
+        match $runs {
+            Runs::F32($r) => $body,
+            Runs::F16($r) => $body,
+            Runs::Bf16($r) => $body,
+        }
+    };
+}
+
 impl Runs {
     /// `kv` empty runs of `dtype` (a plain type), each with room for `values` values.
     pub fn with_room(dtype: DType, kv: usize, values: usize) -> Runs {
@@ -165,12 +176,7 @@ impl Runs {
     /// The runs as `W`'s. Panics where they hold another type's values (a cache is one
     /// model's); none held reads as none of any type.
     pub fn heads<W: Element>(&self) -> &[Vec<W>] {
-        let any: &dyn Any = match self {
-            Runs::F32(r) => r,
-            Runs::F16(r) => r,
-            Runs::Bf16(r) => r,
-        };
-        match any.downcast_ref::<Vec<Vec<W>>>() {
+        match each!(self, r => r as &dyn Any).downcast_ref::<Vec<Vec<W>>>() {
             Some(r) => r,
             None if self.is_empty() => &[],
             None => panic!("a KV cache of {self:?} read as {:?}", W::KIND),
@@ -179,7 +185,7 @@ impl Runs {
 
     /// [`Runs::heads`] to append to: runs of another type holding nothing become `W`'s.
     fn heads_mut<W: Element>(&mut self) -> &mut Vec<Vec<W>> {
-        if !self.holds::<W>() {
+        if !each!(self, r => (r as &dyn Any).is::<Vec<Vec<W>>>()) {
             assert!(
                 self.is_empty(),
                 "a KV cache of {self:?} appended as {:?}",
@@ -187,57 +193,24 @@ impl Runs {
             );
             *self = Runs::with_room(W::DTYPE, 0, 0);
         }
-        let any: &mut dyn Any = match self {
-            Runs::F32(r) => r,
-            Runs::F16(r) => r,
-            Runs::Bf16(r) => r,
-        };
-        any.downcast_mut().expect("the runs were made W's")
-    }
-
-    /// Whether the runs are `W`'s.
-    fn holds<W: Element>(&self) -> bool {
-        let id = TypeId::of::<Vec<Vec<W>>>();
-        match self {
-            Runs::F32(r) => (r as &dyn Any).type_id() == id,
-            Runs::F16(r) => (r as &dyn Any).type_id() == id,
-            Runs::Bf16(r) => (r as &dyn Any).type_id() == id,
-        }
+        each!(self, r => r as &mut dyn Any)
+            .downcast_mut()
+            .expect("the runs were made W's")
     }
 
     /// Whether no run holds a value.
     pub fn is_empty(&self) -> bool {
-        match self {
-            Runs::F32(r) => r.iter().all(Vec::is_empty),
-            Runs::F16(r) => r.iter().all(Vec::is_empty),
-            Runs::Bf16(r) => r.iter().all(Vec::is_empty),
-        }
+        each!(self, r => r.iter().all(Vec::is_empty))
     }
 
     /// Drops each run's first `values` values.
     fn drop_front(&mut self, values: usize) {
-        fn drop<T>(runs: &mut [Vec<T>], values: usize) {
-            for r in runs {
-                r.drain(..values);
-            }
-        }
-        match self {
-            Runs::F32(r) => drop(r, values),
-            Runs::F16(r) => drop(r, values),
-            Runs::Bf16(r) => drop(r, values),
-        }
+        each!(self, r => r.iter_mut().for_each(|r| drop(r.drain(..values))))
     }
 
     /// Where each run's values start (they move only when a run outgrows its room).
     pub fn addresses(&self) -> Vec<*const u8> {
-        fn at<T>(runs: &[Vec<T>]) -> Vec<*const u8> {
-            runs.iter().map(|r| r.as_ptr().cast()).collect()
-        }
-        match self {
-            Runs::F32(r) => at(r),
-            Runs::F16(r) => at(r),
-            Runs::Bf16(r) => at(r),
-        }
+        each!(self, r => r.iter().map(|r| r.as_ptr().cast()).collect())
     }
 }
 
