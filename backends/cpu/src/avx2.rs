@@ -265,21 +265,21 @@ fn add_chains(c: [__m256; CHAINS]) -> __m256 {
 pub(crate) unsafe fn axpy<const K: u8>(a: f32, xp: *const u8, n: usize, y: &mut [f32]) {
     let av = _mm256_set1_ps(a);
     let (size, yp) = (size_of_kind(K), y.as_mut_ptr());
+    let full = n / LANES * LANES;
     // SAFETY: the caller passes `n` elements of kind `K` at `xp` and `n` f32s in `y`; `i + 8
-    // <= n` in the loop, and the tail reads its `n - i` only.
+    // <= full <= n` in the loop, and the tail reads its `n - full` only.
     unsafe {
-        let mut i = 0;
-        while i < n {
-            let x = load_n::<K>(xp.add(i * size), n - i);
-            let v = _mm256_fmadd_ps(av, x, load_n::<F32>(yp.add(i).cast(), n - i));
-            if n - i >= LANES {
-                _mm256_storeu_ps(yp.add(i), v);
-            } else {
-                let mut buf = [0f32; LANES];
-                _mm256_storeu_ps(buf.as_mut_ptr(), v);
-                y[i..].copy_from_slice(&buf[..n - i]);
-            }
-            i += LANES;
+        for i in (0..full).step_by(LANES) {
+            let x = load8::<K>(xp.add(i * size));
+            let v = _mm256_fmadd_ps(av, x, _mm256_loadu_ps(yp.add(i)));
+            _mm256_storeu_ps(yp.add(i), v);
+        }
+        if full < n {
+            let x = load_part::<K>(xp.add(full * size), n - full);
+            let yv = load_part::<F32>(yp.add(full).cast(), n - full);
+            let mut buf = [0f32; LANES];
+            _mm256_storeu_ps(buf.as_mut_ptr(), _mm256_fmadd_ps(av, x, yv));
+            y[full..].copy_from_slice(&buf[..n - full]);
         }
     }
 }
